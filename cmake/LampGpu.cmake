@@ -1,0 +1,71 @@
+# Decides LAMP_WITH_CUDA and LAMP_WITH_NCCL after LibTorch has been found.
+# Both default to ON when LibTorch is a CUDA build and the CUDA toolkit (and
+# NCCL) are found, so CPU-only machines with the toolkit still compile the GPU
+# paths. Explicit ON that cannot be honoured is an error.
+
+set(_lamp_cuda_ok OFF)
+set(_lamp_cuda_why "")
+if(NOT TARGET torch::cudart)
+  set(_lamp_cuda_why "LibTorch ${Torch_VERSION} is a CPU-only build")
+elseif(NOT CUDAToolkit_FOUND)
+  set(_lamp_cuda_why "no CUDA toolkit was found")
+else()
+  # LibTorch links torch::cudart from this toolkit; lamp uses the same target.
+  # Make sure it is the CUDA major LibTorch was built with, or the process
+  # would end up with two libcudart majors.
+  set(_torch_cuda "")
+  if(EXISTS "${TORCH_INSTALL_PREFIX}/version.py")
+    file(STRINGS "${TORCH_INSTALL_PREFIX}/version.py" _line
+         REGEX "^cuda.*= *'[0-9.]+'")
+    string(REGEX REPLACE ".*'([0-9.]+)'.*" "\\1" _torch_cuda "${_line}")
+  elseif(EXISTS "${TORCH_INSTALL_PREFIX}/build-version")
+    file(READ "${TORCH_INSTALL_PREFIX}/build-version" _line)
+    if(_line MATCHES "\\+cu([0-9]+)([0-9])")
+      set(_torch_cuda "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+    endif()
+  endif()
+  string(REGEX REPLACE "\\..*" "" _torch_cuda_major "${_torch_cuda}")
+  if(_torch_cuda AND NOT _torch_cuda_major STREQUAL CUDAToolkit_VERSION_MAJOR)
+    message(FATAL_ERROR
+      "lamp: LibTorch ${Torch_VERSION} was built with CUDA ${_torch_cuda} but "
+      "the CUDA toolkit found is ${CUDAToolkit_VERSION} "
+      "(${CUDAToolkit_BIN_DIR}). Two CUDA runtimes cannot share one process: "
+      "point -DCUDAToolkit_ROOT at a CUDA ${_torch_cuda_major}.x toolkit, or "
+      "use a LibTorch built for CUDA ${CUDAToolkit_VERSION_MAJOR}.")
+  endif()
+  set(LAMP_TORCH_CUDA_VERSION "${_torch_cuda}")
+  set(_lamp_cuda_ok ON)
+endif()
+
+option(LAMP_WITH_CUDA "Build lamp's CUDA code (default: on when found)"
+       ${_lamp_cuda_ok})
+if(LAMP_WITH_CUDA AND NOT _lamp_cuda_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_CUDA=ON but ${_lamp_cuda_why}. Use a CUDA LibTorch and "
+    "toolkit, or configure with -DLAMP_WITH_CUDA=OFF.")
+endif()
+
+set(_lamp_nccl_ok OFF)
+if(LAMP_WITH_CUDA)
+  find_package(NCCL)
+  set(_lamp_nccl_ok ${NCCL_FOUND})
+endif()
+option(LAMP_WITH_NCCL "Build lamp's NCCL code (default: on when found)"
+       ${_lamp_nccl_ok})
+if(LAMP_WITH_NCCL AND NOT _lamp_nccl_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_NCCL=ON but NCCL was not found (it also needs "
+    "LAMP_WITH_CUDA). Set NCCL_ROOT, or configure with -DLAMP_WITH_NCCL=OFF.")
+endif()
+
+if(LAMP_WITH_CUDA)
+  message(STATUS "lamp: CUDA ${CUDAToolkit_VERSION} (LibTorch built with "
+                 "CUDA ${LAMP_TORCH_CUDA_VERSION})")
+else()
+  message(STATUS "lamp: without CUDA (${_lamp_cuda_why})")
+endif()
+if(LAMP_WITH_NCCL)
+  message(STATUS "lamp: NCCL ${NCCL_VERSION} (${NCCL_LIBRARY})")
+else()
+  message(STATUS "lamp: without NCCL")
+endif()

@@ -1,0 +1,147 @@
+# Finds LibTorch 2.11 for lamp, in this order:
+#   1. the user's Torch_DIR / CMAKE_PREFIX_PATH (or a `torch` target that a parent
+#      project already made);
+#   2. the torch of `python3` (torch.utils.cmake_prefix_path), the usual case on
+#      GPU hosts with PyTorch installed;
+#   3. PyPI torch==${LAMP_TORCH_PIN} installed into a project-local virtual
+#      environment (LAMP_VENV_DIR, git-ignored), created on first configure.
+# Sets LAMP_TORCH_SOURCE (which of the three was used) and LAMP_PYTHON (a python
+# whose `import torch` is this same LibTorch, used by the tests as their oracle;
+# empty when there is none).
+
+set(LAMP_TORCH_PIN "2.11.0")
+set(LAMP_VENV_DIR "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
+    "Project-local virtual environment used when no LibTorch is found otherwise")
+option(LAMP_TORCH_VENV
+    "Skip Torch_DIR and python3; always use the project-local virtual environment" OFF)
+
+find_package(Python3 COMPONENTS Interpreter)
+
+# Runs `<python> -c "import torch"` and returns its version and cmake prefix.
+function(_lamp_python_torch python out_version out_prefix)
+  execute_process(
+    COMMAND "${python}" -W ignore -c
+      "import torch; print(torch.__version__.split('+')[0]); print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE out ERROR_QUIET RESULT_VARIABLE rc
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc EQUAL 0)
+    string(REPLACE "\n" ";" out "${out}")
+    list(GET out 0 version)
+    list(GET out 1 prefix)
+    set(${out_version} "${version}" PARENT_SCOPE)
+    set(${out_prefix} "${prefix}" PARENT_SCOPE)
+  else()
+    set(${out_version} "" PARENT_SCOPE)
+    set(${out_prefix} "" PARENT_SCOPE)
+  endif()
+endfunction()
+
+set(_lamp_wrong_version_help
+  "lamp needs LibTorch ${LAMP_TORCH_PIN} (2.11.x). Point the build at one with "
+  "-DTorch_DIR=<libtorch>/share/cmake/Torch, or -DPython3_EXECUTABLE=<python "
+  "with torch 2.11>, or pass -DLAMP_TORCH_VENV=ON to let lamp install PyPI "
+  "torch==${LAMP_TORCH_PIN} into ${LAMP_VENV_DIR}.")
+
+set(LAMP_PYTHON "")
+set(LAMP_TORCH_SOURCE "")
+
+if(DEFINED CACHE{_LAMP_AUTO_TORCH_DIR} AND Torch_DIR STREQUAL _LAMP_AUTO_TORCH_DIR)
+  # A previous configure chose this LibTorch (step 2 or 3): reuse its choice.
+  find_package(Torch REQUIRED CONFIG)
+  set(LAMP_TORCH_SOURCE "${_LAMP_AUTO_TORCH_SOURCE}")
+  set(LAMP_PYTHON "${_LAMP_AUTO_PYTHON}")
+elseif(TARGET torch AND NOT LAMP_TORCH_VENV)
+  set(LAMP_TORCH_SOURCE "the parent project")
+elseif(NOT LAMP_TORCH_VENV)
+  find_package(Torch CONFIG QUIET)
+  if(Torch_FOUND)
+    set(LAMP_TORCH_SOURCE "Torch_DIR/CMAKE_PREFIX_PATH (${Torch_DIR})")
+  endif()
+endif()
+
+if(NOT LAMP_TORCH_SOURCE AND NOT LAMP_TORCH_VENV AND Python3_Interpreter_FOUND)
+  _lamp_python_torch("${Python3_EXECUTABLE}" _version _prefix)
+  if(_version)
+    if(NOT _version MATCHES "^2\\.11\\.")
+      message(FATAL_ERROR
+        "lamp: ${Python3_EXECUTABLE} has torch ${_version}. "
+        ${_lamp_wrong_version_help})
+    endif()
+    set(Torch_DIR "${_prefix}/Torch" CACHE PATH "LibTorch CMake config" FORCE)
+    find_package(Torch REQUIRED CONFIG)
+    set(LAMP_TORCH_SOURCE "the torch of ${Python3_EXECUTABLE}")
+    set(LAMP_PYTHON "${Python3_EXECUTABLE}")
+  endif()
+endif()
+
+if(NOT LAMP_TORCH_SOURCE)
+  if(NOT Python3_Interpreter_FOUND)
+    message(FATAL_ERROR
+      "lamp: no LibTorch found and no python3 to install one. Install python3 "
+      "(with venv and pip), or pass -DTorch_DIR=<libtorch>/share/cmake/Torch.")
+  endif()
+  set(_venv_python "${LAMP_VENV_DIR}/bin/python")
+  if(EXISTS "${_venv_python}")
+    _lamp_python_torch("${_venv_python}" _version _prefix)
+  else()
+    set(_version "")
+  endif()
+  if(NOT _version STREQUAL LAMP_TORCH_PIN)
+    message(STATUS "lamp: installing PyPI torch==${LAMP_TORCH_PIN} into "
+                   "${LAMP_VENV_DIR} (once; a few GB)")
+    if(NOT EXISTS "${_venv_python}")
+      execute_process(
+        COMMAND "${Python3_EXECUTABLE}" -m venv "${LAMP_VENV_DIR}"
+        RESULT_VARIABLE rc)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR
+          "lamp: `${Python3_EXECUTABLE} -m venv ${LAMP_VENV_DIR}` failed. On "
+          "Debian/Ubuntu install python3-venv (apt-get install python3-venv).")
+      endif()
+    endif()
+    execute_process(
+      COMMAND "${_venv_python}" -m pip install --disable-pip-version-check
+              --progress-bar off "torch==${LAMP_TORCH_PIN}"
+      RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR
+        "lamp: pip could not install torch==${LAMP_TORCH_PIN} into "
+        "${LAMP_VENV_DIR}. Check network access to PyPI, or pass "
+        "-DTorch_DIR=<libtorch>/share/cmake/Torch.")
+    endif()
+    _lamp_python_torch("${_venv_python}" _version _prefix)
+  endif()
+  set(Torch_DIR "${_prefix}/Torch" CACHE PATH "LibTorch CMake config" FORCE)
+  find_package(Torch REQUIRED CONFIG)
+  set(LAMP_TORCH_SOURCE "the project venv ${LAMP_VENV_DIR}")
+  set(LAMP_PYTHON "${_venv_python}")
+endif()
+
+if(NOT Torch_VERSION MATCHES "^2\\.11\\.")
+  message(FATAL_ERROR
+    "lamp: found LibTorch ${Torch_VERSION} through ${LAMP_TORCH_SOURCE}. "
+    ${_lamp_wrong_version_help})
+endif()
+
+# The tests compare against Python torch: when the LibTorch came from the user,
+# use python3 if its torch is the same version.
+if(NOT LAMP_PYTHON AND Python3_Interpreter_FOUND)
+  _lamp_python_torch("${Python3_EXECUTABLE}" _version _prefix)
+  if(_version STREQUAL Torch_VERSION)
+    set(LAMP_PYTHON "${Python3_EXECUTABLE}")
+  endif()
+endif()
+
+if(LAMP_PYTHON)
+  set(_LAMP_AUTO_TORCH_DIR "${Torch_DIR}" CACHE INTERNAL "")
+  set(_LAMP_AUTO_TORCH_SOURCE "${LAMP_TORCH_SOURCE}" CACHE INTERNAL "")
+  set(_LAMP_AUTO_PYTHON "${LAMP_PYTHON}" CACHE INTERNAL "")
+endif()
+
+message(STATUS "lamp: using LibTorch ${Torch_VERSION} from ${LAMP_TORCH_SOURCE}")
+if(LAMP_PYTHON)
+  message(STATUS "lamp: Python oracle for tests: ${LAMP_PYTHON}")
+else()
+  message(STATUS "lamp: no python with torch ${Torch_VERSION}; tests that "
+                 "compare against PyTorch will be skipped")
+endif()

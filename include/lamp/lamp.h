@@ -1,0 +1,8 @@
+#pragma once
+
+/// lamp: automatic mixed precision and data-parallel training for LibTorch.
+/// This umbrella header includes every public lamp header.
+
+#include <lamp/autocast.h>
+#include <lamp/build_info.h>
+#include <lamp/config.h>
