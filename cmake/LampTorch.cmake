@@ -36,6 +36,72 @@ function(_lamp_python_torch python out_version out_prefix)
   endif()
 endfunction()
 
+# A CUDA LibTorch's CMake config insists on a CUDA toolkit. On a machine
+# without one, give it the toolkit that pip ships for the same CUDA version
+# (nvcc, headers and libraries under site-packages/nvidia/cu<major>), installed
+# into the project venv. Only done for lamp's own venv.
+function(_lamp_cuda_toolkit_from_pip python torch_prefix)
+  set(torch_dir "${torch_prefix}/../..")
+  if(NOT EXISTS "${torch_dir}/version.py")
+    return()
+  endif()
+  file(STRINGS "${torch_dir}/version.py" line REGEX "^cuda.*= *'[0-9.]+'")
+  if(NOT line OR CUDAToolkit_ROOT OR CMAKE_CUDA_COMPILER)
+    return()  # CPU-only torch, or the user chose a toolkit
+  endif()
+  find_program(LAMP_SYSTEM_NVCC nvcc
+    HINTS ENV CUDA_HOME ENV CUDA_PATH PATH_SUFFIXES bin
+    PATHS /usr/local/cuda/bin)
+  if(LAMP_SYSTEM_NVCC)
+    execute_process(COMMAND "${LAMP_SYSTEM_NVCC}" --version
+                    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      return()
+    endif()
+  endif()
+  string(REGEX REPLACE ".*'([0-9]+)\\.[0-9]+'.*" "\\1" major "${line}")
+  get_filename_component(root "${torch_dir}/../nvidia/cu${major}" ABSOLUTE)
+  if(NOT EXISTS "${root}/bin/nvcc")
+    execute_process(
+      COMMAND "${python}" -c
+        "import importlib.metadata as m; print(m.version('cuda-toolkit'))"
+      OUTPUT_VARIABLE version OUTPUT_STRIP_TRAILING_WHITESPACE
+      RESULT_VARIABLE rc ERROR_QUIET)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR
+        "lamp: LibTorch is a CUDA ${major} build, no CUDA toolkit was found, "
+        "and pip's cuda-toolkit is not installed next to torch. Install a CUDA "
+        "${major}.x toolkit (or set CUDAToolkit_ROOT).")
+    endif()
+    message(STATUS "lamp: no CUDA toolkit found; installing pip's "
+                   "cuda-toolkit ${version} (nvcc) next to torch")
+    execute_process(
+      COMMAND "${python}" -m pip install --disable-pip-version-check
+              --progress-bar off "cuda-toolkit[nvcc,crt,nvvm,cccl]==${version}"
+      RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "lamp: pip could not install cuda-toolkit ${version}.")
+    endif()
+  endif()
+  # pip ships lib/ with versioned libraries only (libcudart.so.13); nvcc links
+  # from lib64/ and CMake's CUDA discovery looks for the unversioned names.
+  if(NOT EXISTS "${root}/lib64")
+    file(CREATE_LINK lib "${root}/lib64" SYMBOLIC)
+  endif()
+  file(GLOB libs "${root}/lib/lib*.so.*")
+  foreach(lib IN LISTS libs)
+    get_filename_component(name "${lib}" NAME)
+    string(REGEX REPLACE "\\.so\\..*" ".so" link "${root}/lib/${name}")
+    if(NOT EXISTS "${link}")
+      file(CREATE_LINK "${name}" "${link}" SYMBOLIC)
+    endif()
+  endforeach()
+  message(STATUS "lamp: using pip's CUDA toolkit in ${root}")
+  set(CUDA_TOOLKIT_ROOT_DIR "${root}" CACHE PATH "CUDA toolkit (pip's)")
+  set(CUDAToolkit_ROOT "${root}" CACHE PATH "CUDA toolkit (pip's)")
+  set(CMAKE_CUDA_COMPILER "${root}/bin/nvcc" CACHE FILEPATH "nvcc (pip's)")
+endfunction()
+
 set(_lamp_wrong_version_help
   "lamp needs LibTorch ${LAMP_TORCH_PIN} (2.11.x). Point the build at one with "
   "-DTorch_DIR=<libtorch>/share/cmake/Torch, or -DPython3_EXECUTABLE=<python "
@@ -111,6 +177,7 @@ if(NOT LAMP_TORCH_SOURCE)
     endif()
     _lamp_python_torch("${_venv_python}" _version _prefix)
   endif()
+  _lamp_cuda_toolkit_from_pip("${_venv_python}" "${_prefix}")
   set(Torch_DIR "${_prefix}/Torch" CACHE PATH "LibTorch CMake config" FORCE)
   find_package(Torch REQUIRED CONFIG)
   set(LAMP_TORCH_SOURCE "the project venv ${LAMP_VENV_DIR}")
