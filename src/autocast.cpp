@@ -49,7 +49,8 @@ AutocastGuard::AutocastGuard(
         " and ",
         c10::kBFloat16,
         ". Pass one of those, or enabled=false for a full-precision region.");
-    if (device_type == c10::DeviceType::CUDA && !at::globalContext().hasCUDA()) {
+    if (device_type == c10::DeviceType::CUDA &&
+        !at::globalContext().hasCUDA()) {
       TORCH_WARN_ONCE(
           "lamp::AutocastGuard: CUDA autocast was asked for but no CUDA "
           "device is available. Disabling autocast.");
@@ -57,7 +58,8 @@ AutocastGuard::AutocastGuard(
     }
   }
   enabled_ = enabled;
-  const bool cache = cache_enabled.value_or(at::autocast::is_autocast_cache_enabled());
+  const bool cache =
+      cache_enabled.value_or(at::autocast::is_autocast_cache_enabled());
 
   // Same order as torch.autocast.__enter__; nothing below throws.
   prev_cache_enabled_ = at::autocast::is_autocast_cache_enabled();

@@ -17,7 +17,8 @@ std::string build_info() {
   std::ostringstream out;
   out << "lamp " << LAMP_VERSION << ", LibTorch " << TORCH_VERSION;
 #if LAMP_WITH_CUDA
-  out << ", CUDA " << CUDART_VERSION / 1000 << "." << CUDART_VERSION % 1000 / 10;
+  out << ", CUDA " << CUDART_VERSION / 1000 << "."
+      << CUDART_VERSION % 1000 / 10;
   int runtime = 0;
   if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) {
     out << " (runtime " << runtime / 1000 << "." << runtime % 1000 / 10 << ")";

@@ -51,45 +51,57 @@ std::map<std::string, c10::ScalarType> run_cases(
   auto target = torch::arange(8, opts.dtype(torch::kLong)) % 10;
   auto a_lp = r({8, 16}).to(lp);
 
-  const std::vector<std::pair<std::string, std::function<at::Tensor()>>> ops =
-      {
-          {"mm", [&] { return torch::mm(a, b); }},
-          {"addmm", [&] { return torch::addmm(c, a, b); }},
-          {"linear", [&] { return torch::linear(a, w, bias); }},
-          {"conv2d", [&] { return torch::conv2d(img, kernel, bias); }},
-          {"bmm", [&] { return torch::bmm(a3, b3); }},
-          {"matmul", [&] { return torch::matmul(a, b); }},
-          {"relu", [&] { return torch::relu(a); }},
-          {"softmax", [&] { return torch::softmax(a, -1); }},
-          {"log_softmax", [&] { return torch::log_softmax(a, -1); }},
-          {"layer_norm", [&] { return torch::layer_norm(a, {16}, ln_w, ln_b); }},
-          {"batch_norm",
-           [&] {
-             return torch::batch_norm(
-                 img, bn_w, bn_b, bn_mean.clone(), bn_var.clone(), true, 0.1,
-                 1e-5, true);
-           }},
-          {"sum", [&] { return torch::sum(a); }},
-          {"mse_loss", [&] { return torch::mse_loss(a, a.flip(0)); }},
-          {"cross_entropy",
-           [&] { return torch::cross_entropy_loss(logits, target); }},
-          {"bce_with_logits",
-           [&] {
-             return torch::binary_cross_entropy_with_logits(
-                 a, torch::sigmoid(a.flip(0)));
-           }},
-          {"exp", [&] { return torch::exp(a); }},
-          {"gelu", [&] { return torch::gelu(a); }},
-          {"vector_norm", [&] { return torch::linalg_vector_norm(a); }},
-          {"cat_mixed", [&] { return torch::cat({a, a_lp}); }},
-          {"stack_mixed", [&] { return torch::stack({a, a_lp}); }},
-          {"add_mixed", [&] { return a + a_lp; }},
-          {"relu_of_mm", [&] { return torch::relu(torch::mm(a, b)); }},
-          {"softmax_of_lowp", [&] { return torch::softmax(a_lp, -1); }},
-          {"layer_norm_of_lowp",
-           [&] { return torch::layer_norm(a_lp, {16}, ln_w, ln_b); }},
-          {"mm_of_lowp", [&] { return torch::mm(a_lp, b); }},
-      };
+  const std::vector<std::pair<std::string, std::function<at::Tensor()>>> ops = {
+      {"mm", [&] { return torch::mm(a, b); }},
+      {"addmm", [&] { return torch::addmm(c, a, b); }},
+      {"linear", [&] { return torch::linear(a, w, bias); }},
+      {"conv2d", [&] { return torch::conv2d(img, kernel, bias); }},
+      {"bmm", [&] { return torch::bmm(a3, b3); }},
+      {"matmul", [&] { return torch::matmul(a, b); }},
+      {"relu", [&] { return torch::relu(a); }},
+      {"softmax", [&] { return torch::softmax(a, -1); }},
+      {"log_softmax", [&] { return torch::log_softmax(a, -1); }},
+      {"layer_norm", [&] { return torch::layer_norm(a, {16}, ln_w, ln_b); }},
+      {"batch_norm",
+       [&] {
+         return torch::batch_norm(
+             img,
+             bn_w,
+             bn_b,
+             bn_mean.clone(),
+             bn_var.clone(),
+             true,
+             0.1,
+             1e-5,
+             true);
+       }},
+      {"sum", [&] { return torch::sum(a); }},
+      {"mse_loss", [&] { return torch::mse_loss(a, a.flip(0)); }},
+      {"cross_entropy",
+       [&] { return torch::cross_entropy_loss(logits, target); }},
+      {"bce_with_logits",
+       [&] {
+         return torch::binary_cross_entropy_with_logits(
+             a, torch::sigmoid(a.flip(0)));
+       }},
+      {"exp", [&] { return torch::exp(a); }},
+      {"gelu", [&] { return torch::gelu(a); }},
+      {"vector_norm", [&] { return torch::linalg_vector_norm(a); }},
+      {"cat_mixed",
+       [&] {
+         return torch::cat({a, a_lp});
+       }},
+      {"stack_mixed",
+       [&] {
+         return torch::stack({a, a_lp});
+       }},
+      {"add_mixed", [&] { return a + a_lp; }},
+      {"relu_of_mm", [&] { return torch::relu(torch::mm(a, b)); }},
+      {"softmax_of_lowp", [&] { return torch::softmax(a_lp, -1); }},
+      {"layer_norm_of_lowp",
+       [&] { return torch::layer_norm(a_lp, {16}, ln_w, ln_b); }},
+      {"mm_of_lowp", [&] { return torch::mm(a_lp, b); }},
+  };
 
   std::map<std::string, c10::ScalarType> out;
   const auto other = other_low_precision(lp);
@@ -131,7 +143,8 @@ void expect_same_dtypes_as_python(DeviceType device, c10::ScalarType lp) {
   }
   const auto cpp = run_cases(device, lp);
   ASSERT_GT(cpp.size(), 25u);
-  EXPECT_EQ(cpp.size(), python.size()) << "the C++ and Python case lists differ";
+  EXPECT_EQ(cpp.size(), python.size())
+      << "the C++ and Python case lists differ";
   for (const auto& [name, dtype] : cpp) {
     ASSERT_TRUE(python.count(name)) << name << " is missing from the oracle";
     EXPECT_EQ(c10::toString(dtype), python[name])
@@ -301,7 +314,9 @@ TEST(Autocast, UnsupportedDtypeIsALoudError) {
         ADD_FAILURE() << "no error for " << device << " " << dtype;
       } catch (const c10::Error& e) {
         const std::string msg = e.what_without_backtrace();
-        EXPECT_NE(msg.find(c10::DeviceTypeName(device, /*lower_case=*/false)), std::string::npos)
+        EXPECT_NE(
+            msg.find(c10::DeviceTypeName(device, /*lower_case=*/false)),
+            std::string::npos)
             << msg;
         EXPECT_NE(msg.find(c10::toString(dtype)), std::string::npos) << msg;
         EXPECT_NE(msg.find("Half"), std::string::npos) << msg;
@@ -324,7 +339,9 @@ TEST(Autocast, UnsupportedDeviceTypeIsALoudError) {
       const std::string msg = e.what_without_backtrace();
       EXPECT_NE(msg.find("not available for device type"), std::string::npos)
           << msg;
-      EXPECT_NE(msg.find(c10::DeviceTypeName(device, /*lower_case=*/false)), std::string::npos)
+      EXPECT_NE(
+          msg.find(c10::DeviceTypeName(device, /*lower_case=*/false)),
+          std::string::npos)
           << msg;
       EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
     }
@@ -360,7 +377,8 @@ TEST_P(AutocastGpu, TrainingStepRunsInLowPrecisionWithFp32Grads) {
       torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 10));
   model->to(torch::kCUDA);
   auto x = torch::randn({16, 32}, torch::kCUDA);
-  auto y = torch::randint(10, {16}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
+  auto y = torch::randint(
+      10, {16}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
   torch::Tensor logits, loss;
   {
     lamp::AutocastGuard guard(torch::kCUDA, GetParam());
@@ -379,15 +397,14 @@ TEST_P(AutocastGpu, TrainingStepRunsInLowPrecisionWithFp32Grads) {
 }
 
 TEST_P(AutocastGpu, WeightCastsAreCachedUntilTheOutermostExit) {
-  auto w = torch::randn({64, 64}, torch::TensorOptions(torch::kCUDA).requires_grad(true));
+  auto w = torch::randn(
+      {64, 64}, torch::TensorOptions(torch::kCUDA).requires_grad(true));
   torch::Tensor first;
   {
     lamp::AutocastGuard outer(torch::kCUDA, GetParam());
     first = at::autocast::cached_cast(GetParam(), w, DeviceType::CUDA);
     EXPECT_EQ(first.scalar_type(), GetParam());
-    {
-      lamp::AutocastGuard inner(torch::kCUDA, GetParam());
-    }
+    { lamp::AutocastGuard inner(torch::kCUDA, GetParam()); }
     EXPECT_EQ(
         at::autocast::cached_cast(GetParam(), w, DeviceType::CUDA).data_ptr(),
         first.data_ptr());

@@ -80,19 +80,19 @@ inline std::vector<std::vector<std::string>> split_lines(
 
 /// In a test body or SetUp(): skip (reported as skipped by CTest) when no
 /// CUDA device is present.
-#define LAMP_SKIP_WITHOUT_CUDA()                          \
-  do {                                                    \
-    if (!torch::cuda::is_available()) {                   \
+#define LAMP_SKIP_WITHOUT_CUDA()                         \
+  do {                                                   \
+    if (!torch::cuda::is_available()) {                  \
       GTEST_SKIP() << "needs a CUDA device; none found"; \
-    }                                                     \
+    }                                                    \
   } while (0)
 
 /// Skip when there is no Python torch of lamp's LibTorch version to compare
 /// against (configure prints why).
-#define LAMP_SKIP_WITHOUT_PYTHON_ORACLE()                                   \
-  do {                                                                      \
-    if (!lamp::test::have_python_oracle()) {                                \
-      GTEST_SKIP() << "needs a python with torch " << TORCH_VERSION         \
-                   << " (none was found at configure time)";                \
-    }                                                                       \
+#define LAMP_SKIP_WITHOUT_PYTHON_ORACLE()                           \
+  do {                                                              \
+    if (!lamp::test::have_python_oracle()) {                        \
+      GTEST_SKIP() << "needs a python with torch " << TORCH_VERSION \
+                   << " (none was found at configure time)";        \
+    }                                                               \
   } while (0)

@@ -105,7 +105,9 @@ int main(int argc, char** argv) {
   torch::manual_seed(opt.seed);
   auto teacher = torch::randn({784, 10}, torch::TensorOptions(device));
   torch::nn::Sequential model(
-      torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 10));
+      torch::nn::Linear(784, 512),
+      torch::nn::ReLU(),
+      torch::nn::Linear(512, 10));
   model->to(device);
   torch::optim::Adam optimizer(
       model->parameters(), torch::optim::AdamOptions(opt.lr));
@@ -155,7 +157,8 @@ int main(int argc, char** argv) {
     lamp::AutocastGuard autocast(device.type(), amp_dtype, amp);
     logits = model->forward(x);
   }
-  const double accuracy = logits.argmax(1).eq(y).to(torch::kFloat).mean().item<double>();
+  const double accuracy =
+      logits.argmax(1).eq(y).to(torch::kFloat).mean().item<double>();
   std::nth_element(
       step_ms.begin(), step_ms.begin() + step_ms.size() / 2, step_ms.end());
   std::printf(
