@@ -6,3 +6,5 @@
 #include <lamp/autocast.h>
 #include <lamp/build_info.h>
 #include <lamp/config.h>
+#include <lamp/grad_scaler.h>
+#include <lamp/optim.h>

@@ -1,0 +1,146 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <vector>
+
+#include <lamp/export.h>
+
+namespace lamp::optim {
+
+/// An optimizer whose step can unscale the gradients and skip itself on the
+/// device, like Python optimizers with `_step_supports_amp_scaling`.
+/// `lamp::GradScaler::step` hands such an optimizer the scale and the
+/// inf/NaN flag instead of reading the flag on the host, so a mixed-precision
+/// step needs no host synchronisation.
+class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
+ public:
+  using torch::optim::Optimizer::Optimizer;
+
+  /// Runs `closure` (if any) with gradients enabled, then one plain step.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  /// One step in which every gradient is first divided by `grad_scale` (when
+  /// given), and which leaves parameters, optimizer state and step counters
+  /// untouched when `found_inf` (when given) is nonzero. Both are 0-dim
+  /// float32 tensors; they are moved to each parameter's device.
+  virtual void step_scaled(
+      const std::optional<torch::Tensor>& grad_scale,
+      const std::optional<torch::Tensor>& found_inf) = 0;
+};
+
+/// Per-parameter state of `FusedAdam` and `FusedAdamW`: as
+/// `torch::optim::AdamParamState`, but `step` is a 0-dim float32 tensor on
+/// the parameter's device (as Python's fused Adam), so that a step skipped on
+/// the device does not advance it.
+struct LAMP_API FusedAdamParamState
+    : public torch::optim::OptimizerCloneableParamState<FusedAdamParamState> {
+  TORCH_ARG(torch::Tensor, step);
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+  TORCH_ARG(torch::Tensor, max_exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/// Adam on `at::_fused_adam_`: one kernel per device and dtype, as Python's
+/// `torch.optim.Adam(fused=True)`. Options and defaults are
+/// `torch::optim::AdamOptions`. Parameters must be floating point on CPU or
+/// CUDA; sparse gradients are not supported.
+///
+/// Example:
+/// \code
+///   lamp::optim::FusedAdam optimizer(
+///       model->parameters(), torch::optim::AdamOptions(1e-4));
+/// \endcode
+class LAMP_API FusedAdam : public FusedOptimizer {
+ public:
+  explicit FusedAdam(
+      const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+      torch::optim::AdamOptions defaults = {});
+  explicit FusedAdam(
+      std::vector<torch::Tensor> params,
+      torch::optim::AdamOptions defaults = {})
+      : FusedAdam(
+            {torch::optim::OptimizerParamGroup(std::move(params))},
+            std::move(defaults)) {}
+
+  void step_scaled(
+      const std::optional<torch::Tensor>& grad_scale,
+      const std::optional<torch::Tensor>& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+/// AdamW (decoupled weight decay) on `at::_fused_adamw_`, as Python's
+/// `torch.optim.AdamW(fused=True)`. Options and defaults are
+/// `torch::optim::AdamWOptions` (weight decay 1e-2).
+///
+/// Example:
+/// \code
+///   lamp::optim::FusedAdamW optimizer(model->parameters());
+/// \endcode
+class LAMP_API FusedAdamW : public FusedOptimizer {
+ public:
+  explicit FusedAdamW(
+      const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+      torch::optim::AdamWOptions defaults = {});
+  explicit FusedAdamW(
+      std::vector<torch::Tensor> params,
+      torch::optim::AdamWOptions defaults = {})
+      : FusedAdamW(
+            {torch::optim::OptimizerParamGroup(std::move(params))},
+            std::move(defaults)) {}
+
+  void step_scaled(
+      const std::optional<torch::Tensor>& grad_scale,
+      const std::optional<torch::Tensor>& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+/// SGD with momentum, dampening, Nesterov and weight decay on
+/// `at::_fused_sgd_`, as Python's `torch.optim.SGD(fused=True)`. Options
+/// and state are `torch::optim::SGDOptions` / `SGDParamState` (the learning
+/// rate has no default).
+///
+/// NOTE: the momentum buffers are created zero-filled at the first step; if
+/// that very step is skipped for inf/NaN, the next one updates the zero
+/// buffer (`buf = (1 - dampening) * grad`) instead of copying the gradient,
+/// which differs only when dampening is nonzero. Python's fused SGD starts
+/// from an uninitialised buffer there.
+///
+/// Example:
+/// \code
+///   lamp::optim::FusedSGD optimizer(
+///       model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+/// \endcode
+class LAMP_API FusedSGD : public FusedOptimizer {
+ public:
+  explicit FusedSGD(
+      const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+      torch::optim::SGDOptions defaults);
+  explicit FusedSGD(
+      std::vector<torch::Tensor> params,
+      torch::optim::SGDOptions defaults)
+      : FusedSGD(
+            {torch::optim::OptimizerParamGroup(std::move(params))},
+            std::move(defaults)) {}
+
+  void step_scaled(
+      const std::optional<torch::Tensor>& grad_scale,
+      const std::optional<torch::Tensor>& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+} // namespace lamp::optim

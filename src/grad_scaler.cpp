@@ -1,0 +1,366 @@
+#include <lamp/grad_scaler.h>
+
+#include <lamp/optim.h>
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+namespace lamp {
+namespace {
+
+constexpr int64_t kLampStateVersion = 1;
+
+// `t` on `device`, copied only when it lives elsewhere (non-blocking).
+torch::Tensor on(const torch::Tensor& t, c10::Device device) {
+  return t.device() == device ? t : t.to(device, t.scalar_type(), true);
+}
+
+// Python's _MultiDeviceReplicator: one copy of a tensor per device, made on
+// first use.
+torch::Tensor& replica(
+    std::vector<std::pair<c10::Device, torch::Tensor>>& replicas,
+    c10::Device device,
+    const std::function<torch::Tensor()>& make) {
+  for (auto& [d, t] : replicas) {
+    if (d == device) {
+      return t;
+    }
+  }
+  replicas.emplace_back(device, make());
+  return replicas.back().second;
+}
+
+} // namespace
+
+GradScaler::GradScaler(GradScalerOptions options)
+    : options_(std::move(options)) {
+  if (!options_.enabled()) {
+    return;
+  }
+  // Python checks the first two with these messages; the others guard
+  // against a scale that could never recover.
+  TORCH_CHECK(
+      options_.growth_factor() > 1.0,
+      "The growth factor must be > 1.0. (lamp::GradScalerOptions::"
+      "growth_factor is ",
+      options_.growth_factor(),
+      ")");
+  TORCH_CHECK(
+      options_.backoff_factor() < 1.0,
+      "The backoff factor must be < 1.0. (lamp::GradScalerOptions::"
+      "backoff_factor is ",
+      options_.backoff_factor(),
+      ")");
+  TORCH_CHECK(
+      options_.backoff_factor() > 0.0,
+      "lamp::GradScalerOptions::backoff_factor must be > 0, got ",
+      options_.backoff_factor());
+  TORCH_CHECK(
+      options_.growth_interval() > 0,
+      "lamp::GradScalerOptions::growth_interval must be > 0, got ",
+      options_.growth_interval());
+  TORCH_CHECK(
+      std::isfinite(options_.init_scale()) && options_.init_scale() > 0.0,
+      "lamp::GradScalerOptions::init_scale must be finite and > 0, got ",
+      options_.init_scale());
+}
+
+void GradScaler::check_scale(const char* funcname) const {
+  const char* fix =
+      "This may indicate your script did not use scaler.scale(loss or "
+      "outputs) earlier in the iteration.";
+  TORCH_CHECK(
+      scale_.defined(), "Attempted ", funcname, " but _scale is None.  ", fix);
+  TORCH_CHECK(
+      growth_tracker_.defined(),
+      "Attempted ",
+      funcname,
+      " but _growth_tracker is None.  ",
+      fix);
+}
+
+GradScaler::OptimizerState& GradScaler::state_of(
+    const torch::optim::Optimizer& optimizer) {
+  for (auto& state : per_optimizer_states_) {
+    if (state.optimizer == &optimizer) {
+      return state;
+    }
+  }
+  per_optimizer_states_.push_back({&optimizer});
+  return per_optimizer_states_.back();
+}
+
+void GradScaler::lazy_init_scale_growth_tracker(c10::Device device) {
+  const auto options = at::TensorOptions().device(device);
+  scale_ = at::full({}, options_.init_scale(), options.dtype(at::kFloat));
+  growth_tracker_ = at::full({}, init_growth_tracker_, options.dtype(at::kInt));
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
+  if (!options_.enabled()) {
+    return outputs;
+  }
+  if (!scale_.defined()) {
+    lazy_init_scale_growth_tracker(outputs.device());
+  }
+  return outputs * on(scale_, outputs.device());
+}
+
+std::vector<torch::Tensor> GradScaler::scale(
+    const std::vector<torch::Tensor>& outputs) {
+  if (!options_.enabled()) {
+    return outputs;
+  }
+  std::vector<torch::Tensor> scaled;
+  scaled.reserve(outputs.size());
+  PerDevice scales;
+  for (const auto& output : outputs) {
+    if (!scale_.defined()) {
+      lazy_init_scale_growth_tracker(output.device());
+    }
+    scaled.push_back(
+        output * replica(scales, output.device(), [&] {
+          return on(scale_, output.device());
+        }));
+  }
+  return scaled;
+}
+
+GradScaler::PerDevice GradScaler::unscale_grads_(
+    torch::optim::Optimizer& optimizer,
+    const torch::Tensor& inv_scale,
+    bool allow_fp16) {
+  struct Group {
+    c10::Device device;
+    c10::ScalarType dtype;
+    std::vector<torch::Tensor> grads;
+  };
+  std::vector<Group> groups;
+  torch::NoGradGuard no_grad;
+  for (auto& param_group : optimizer.param_groups()) {
+    for (auto& param : param_group.params()) {
+      auto& grad = param.mutable_grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      TORCH_CHECK_VALUE(
+          allow_fp16 || grad.scalar_type() != at::kHalf,
+          "Attempting to unscale FP16 gradients.");
+      torch::Tensor to_unscale = grad;
+      if (grad.is_sparse()) {
+        if (grad.scalar_type() == at::kHalf) {
+          grad = grad.coalesce();
+        }
+        to_unscale = grad._values();
+      }
+      auto group = std::find_if(groups.begin(), groups.end(), [&](auto& g) {
+        return g.device == to_unscale.device() &&
+            g.dtype == to_unscale.scalar_type();
+      });
+      if (group == groups.end()) {
+        groups.push_back({to_unscale.device(), to_unscale.scalar_type(), {}});
+        group = groups.end() - 1;
+      }
+      group->grads.push_back(to_unscale);
+    }
+  }
+  PerDevice found_inf_per_device;
+  PerDevice inv_scales;
+  for (auto& group : groups) {
+    auto& found_inf = replica(found_inf_per_device, group.device, [&] {
+      return at::zeros({}, inv_scale.options().device(group.device));
+    });
+    at::_amp_foreach_non_finite_check_and_unscale_(
+        group.grads, found_inf, replica(inv_scales, group.device, [&] {
+          return on(inv_scale, group.device);
+        }));
+  }
+  return found_inf_per_device;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) {
+    return;
+  }
+  check_scale("unscale_");
+  auto& state = state_of(optimizer);
+  TORCH_CHECK(
+      state.stage != Stage::kUnscaled,
+      "unscale_() has already been called on this optimizer since the last "
+      "update().");
+  TORCH_CHECK(
+      state.stage != Stage::kStepped,
+      "unscale_() is being called after step().");
+  // NOTE: the reciprocal in double, as Python, so that the result is
+  // bitwise the same.
+  const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  state.found_inf_per_device = unscale_grads_(optimizer, inv_scale, false);
+  state.stage = Stage::kUnscaled;
+}
+
+void GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) {
+    optimizer.step();
+    return;
+  }
+  check_scale("step");
+  auto* state = &state_of(optimizer);
+  TORCH_CHECK(
+      state->stage != Stage::kStepped,
+      "step() has already been called since the last update().");
+
+  if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) {
+    // The optimizer unscales (unless unscale_ did) and skips on the device.
+    if (state->stage == Stage::kReady) {
+      state->found_inf_per_device =
+          unscale_grads_(optimizer, at::ones_like(scale_), true);
+    }
+    torch::Tensor found_inf;
+    for (const auto& [device, t] : state->found_inf_per_device) {
+      const auto moved = on(t, scale_.device());
+      found_inf = found_inf.defined() ? found_inf + moved : moved;
+    }
+    std::optional<torch::Tensor> grad_scale;
+    if (state->stage == Stage::kReady) {
+      grad_scale = scale_;
+    }
+    fused->step_scaled(
+        grad_scale,
+        found_inf.defined() ? std::optional(found_inf) : std::nullopt);
+    state->stage = Stage::kStepped;
+    return;
+  }
+
+  if (state->stage == Stage::kReady) {
+    unscale_(optimizer);
+    state = &state_of(optimizer);
+  }
+  TORCH_CHECK(
+      !state->found_inf_per_device.empty(),
+      "No inf checks were recorded for this optimizer.");
+  double found = 0.0;
+  for (const auto& [device, t] : state->found_inf_per_device) {
+    found += t.item<double>(); // host sync, as Python's _maybe_opt_step
+  }
+  if (found == 0.0) {
+    optimizer.step();
+  }
+  state->stage = Stage::kStepped;
+}
+
+void GradScaler::update(std::optional<double> new_scale) {
+  if (!options_.enabled()) {
+    return;
+  }
+  check_scale("update");
+  if (new_scale) {
+    scale_.fill_(*new_scale);
+    last_found_inf_ = torch::Tensor();
+  } else {
+    std::vector<torch::Tensor> found_infs;
+    for (const auto& state : per_optimizer_states_) {
+      for (const auto& [device, t] : state.found_inf_per_device) {
+        found_infs.push_back(on(t, scale_.device()));
+      }
+    }
+    TORCH_CHECK(
+        !found_infs.empty(), "No inf checks were recorded prior to update.");
+    auto combined = found_infs[0];
+    for (size_t i = 1; i < found_infs.size(); ++i) {
+      combined += found_infs[i];
+    }
+    at::_amp_update_scale_(
+        scale_,
+        growth_tracker_,
+        combined,
+        options_.growth_factor(),
+        options_.backoff_factor(),
+        options_.growth_interval());
+    last_found_inf_ = combined;
+  }
+  per_optimizer_states_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled()) {
+    return 1.0;
+  }
+  return scale_.defined() ? scale_.item<double>() : options_.init_scale();
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("lamp_version", c10::IValue(kLampStateVersion));
+  if (!options_.enabled()) {
+    return;
+  }
+  archive.write("scale", c10::IValue(get_scale()));
+  archive.write("growth_factor", c10::IValue(options_.growth_factor()));
+  archive.write("backoff_factor", c10::IValue(options_.backoff_factor()));
+  archive.write("growth_interval", c10::IValue(options_.growth_interval()));
+  const int64_t tracker = growth_tracker_.defined()
+      ? growth_tracker_.item<int64_t>()
+      : init_growth_tracker_;
+  archive.write("_growth_tracker", c10::IValue(tracker));
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  if (!options_.enabled()) {
+    return;
+  }
+  c10::IValue value;
+  if (archive.try_read("lamp_version", value)) {
+    TORCH_CHECK(
+        value.toInt() <= kLampStateVersion,
+        "lamp::GradScaler::load: the state was written by a newer lamp "
+        "(state version ",
+        value.toInt(),
+        ", this lamp reads up to ",
+        kLampStateVersion,
+        "); upgrade lamp.");
+  }
+  TORCH_CHECK(
+      archive.try_read("scale", value),
+      "The source state dict is empty, possibly because it was saved from a "
+      "disabled instance of GradScaler.");
+  options_.init_scale(value.toDouble());
+  if (scale_.defined()) {
+    scale_.fill_(value.toDouble());
+  }
+  archive.read("growth_factor", value);
+  options_.growth_factor(value.toDouble());
+  archive.read("backoff_factor", value);
+  options_.backoff_factor(value.toDouble());
+  archive.read("growth_interval", value);
+  options_.growth_interval(value.toInt());
+  archive.read("_growth_tracker", value);
+  init_growth_tracker_ = value.toInt();
+  if (growth_tracker_.defined()) {
+    growth_tracker_.fill_(init_growth_tracker_);
+  }
+}
+
+torch::serialize::OutputArchive& operator<<(
+    torch::serialize::OutputArchive& archive,
+    const GradScaler& scaler) {
+  scaler.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(
+    torch::serialize::InputArchive& archive,
+    GradScaler& scaler) {
+  scaler.load(archive);
+  return archive;
+}
+
+} // namespace lamp

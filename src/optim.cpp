@@ -1,0 +1,341 @@
+#include <lamp/optim.h>
+
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+
+namespace lamp::optim {
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+
+void check_fused_param(const torch::Tensor& param, const char* name) {
+  TORCH_CHECK(
+      param.is_floating_point() && (param.is_cuda() || param.is_cpu()),
+      name,
+      ": parameters must be floating point on CPU or CUDA, got ",
+      param.scalar_type(),
+      " on ",
+      param.device(),
+      ".");
+}
+
+void check_grad(const torch::Tensor& grad, const char* name) {
+  TORCH_CHECK(
+      !grad.is_sparse(),
+      name,
+      " does not support sparse gradients; use torch::optim::SparseAdam or "
+      "dense gradients.");
+}
+
+// Tensors of one parameter group that share a device and a dtype: one fused
+// kernel each, as Python's Optimizer._group_tensors_by_device_and_dtype.
+struct Bucket {
+  c10::Device device;
+  c10::ScalarType dtype;
+  std::vector<torch::Tensor> params, grads, a, b, c, steps;
+};
+
+Bucket& bucket_for(std::vector<Bucket>& buckets, const torch::Tensor& param) {
+  auto it = std::find_if(buckets.begin(), buckets.end(), [&](auto& b) {
+    return b.device == param.device() && b.dtype == param.scalar_type();
+  });
+  if (it != buckets.end()) {
+    return *it;
+  }
+  buckets.push_back({param.device(), param.scalar_type()});
+  return buckets.back();
+}
+
+std::optional<torch::Tensor> on(
+    const std::optional<torch::Tensor>& t,
+    c10::Device device) {
+  if (!t || t->device() == device) {
+    return t;
+  }
+  return t->to(device, t->scalar_type(), /*non_blocking=*/true);
+}
+
+// One Adam/AdamW step over every group, as Python's _fused_adam.
+template <typename Options>
+void fused_adam_step(
+    torch::optim::Optimizer& self,
+    bool decoupled_weight_decay,
+    const char* name,
+    const std::optional<torch::Tensor>& grad_scale,
+    const std::optional<torch::Tensor>& found_inf) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : self.param_groups()) {
+    auto& options = static_cast<Options&>(group.options());
+    std::vector<Bucket> buckets;
+    for (auto& param : group.params()) {
+      const auto& grad = param.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      check_grad(grad, name);
+      auto& slot = self.state()[param.unsafeGetTensorImpl()];
+      if (!slot) {
+        check_fused_param(param, name);
+        auto state = std::make_unique<FusedAdamParamState>();
+        state->step(at::zeros({}, param.options().dtype(at::kFloat)));
+        state->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
+        state->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+        if (options.amsgrad()) {
+          state->max_exp_avg_sq(
+              at::zeros_like(param, at::MemoryFormat::Preserve));
+        }
+        slot = std::move(state);
+      }
+      auto& state = static_cast<FusedAdamParamState&>(*slot);
+      auto& bucket = bucket_for(buckets, param);
+      bucket.params.push_back(param);
+      bucket.grads.push_back(grad);
+      bucket.a.push_back(state.exp_avg());
+      bucket.b.push_back(state.exp_avg_sq());
+      if (options.amsgrad()) {
+        bucket.c.push_back(state.max_exp_avg_sq());
+      }
+      bucket.steps.push_back(state.step());
+    }
+    const auto [beta1, beta2] = options.betas();
+    for (auto& bucket : buckets) {
+      const auto scale = on(grad_scale, bucket.device);
+      const auto inf = on(found_inf, bucket.device);
+      at::_foreach_add_(bucket.steps, 1);
+      // NOTE: double lr selects the plain overloads (not tensor-lr ones).
+      const double lr = options.lr();
+      if (decoupled_weight_decay) {
+        at::_fused_adamw_(
+            bucket.params,
+            bucket.grads,
+            bucket.a,
+            bucket.b,
+            bucket.c,
+            bucket.steps,
+            lr,
+            beta1,
+            beta2,
+            options.weight_decay(),
+            options.eps(),
+            options.amsgrad(),
+            /*maximize=*/false,
+            scale,
+            inf);
+      } else {
+        at::_fused_adam_(
+            bucket.params,
+            bucket.grads,
+            bucket.a,
+            bucket.b,
+            bucket.c,
+            bucket.steps,
+            lr,
+            beta1,
+            beta2,
+            options.weight_decay(),
+            options.eps(),
+            options.amsgrad(),
+            /*maximize=*/false,
+            scale,
+            inf);
+      }
+      if (inf) {
+        // A skipped step does not count (Python does the same).
+        at::_foreach_sub_(
+            bucket.steps,
+            std::vector<torch::Tensor>(bucket.steps.size(), *inf));
+      }
+    }
+  }
+}
+
+template <typename Options>
+void check_adam_options(const Options& defaults) {
+  TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+  TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+  const auto [beta1, beta2] = defaults.betas();
+  TORCH_CHECK(
+      0 <= beta1 && beta1 < 1.0, "Invalid beta parameter at index 0: ", beta1);
+  TORCH_CHECK(
+      0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
+  TORCH_CHECK(
+      defaults.weight_decay() >= 0,
+      "Invalid weight_decay value: ",
+      defaults.weight_decay());
+}
+
+} // namespace
+
+torch::Tensor FusedOptimizer::step(LossClosure closure) {
+  torch::Tensor loss;
+  if (closure) {
+    torch::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  step_scaled(std::nullopt, std::nullopt);
+  return loss;
+}
+
+void FusedAdamParamState::serialize(
+    torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+}
+
+void FusedAdamParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
+}
+
+FusedAdam::FusedAdam(
+    const std::vector<OptimizerParamGroup>& param_groups,
+    torch::optim::AdamOptions defaults)
+    : FusedOptimizer(
+          param_groups,
+          std::make_unique<torch::optim::AdamOptions>(defaults)) {
+  check_adam_options(defaults);
+}
+
+void FusedAdam::step_scaled(
+    const std::optional<torch::Tensor>& grad_scale,
+    const std::optional<torch::Tensor>& found_inf) {
+  fused_adam_step<torch::optim::AdamOptions>(
+      *this, false, "lamp::optim::FusedAdam", grad_scale, found_inf);
+}
+
+void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(
+      archive, *this);
+}
+
+void FusedAdam::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(
+      archive, *this);
+}
+
+FusedAdamW::FusedAdamW(
+    const std::vector<OptimizerParamGroup>& param_groups,
+    torch::optim::AdamWOptions defaults)
+    : FusedOptimizer(
+          param_groups,
+          std::make_unique<torch::optim::AdamWOptions>(defaults)) {
+  check_adam_options(defaults);
+}
+
+void FusedAdamW::step_scaled(
+    const std::optional<torch::Tensor>& grad_scale,
+    const std::optional<torch::Tensor>& found_inf) {
+  fused_adam_step<torch::optim::AdamWOptions>(
+      *this, true, "lamp::optim::FusedAdamW", grad_scale, found_inf);
+}
+
+void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(
+      archive, *this);
+}
+
+void FusedAdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(
+      archive, *this);
+}
+
+FusedSGD::FusedSGD(
+    const std::vector<OptimizerParamGroup>& param_groups,
+    torch::optim::SGDOptions defaults)
+    : FusedOptimizer(
+          param_groups,
+          std::make_unique<torch::optim::SGDOptions>(defaults)) {
+  TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+  TORCH_CHECK(
+      defaults.momentum() >= 0,
+      "Invalid momentum value: ",
+      defaults.momentum());
+  TORCH_CHECK(
+      defaults.weight_decay() >= 0,
+      "Invalid weight_decay value: ",
+      defaults.weight_decay());
+  TORCH_CHECK(
+      !defaults.nesterov() ||
+          (defaults.momentum() > 0 && defaults.dampening() == 0),
+      "Nesterov momentum requires a momentum and zero dampening");
+}
+
+void FusedSGD::step_scaled(
+    const std::optional<torch::Tensor>& grad_scale,
+    const std::optional<torch::Tensor>& found_inf) {
+  const char* name = "lamp::optim::FusedSGD";
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
+    const bool momentum = options.momentum() != 0;
+    std::vector<Bucket> buckets;
+    bool is_first_step = momentum;
+    for (auto& param : group.params()) {
+      const auto& grad = param.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      check_grad(grad, name);
+      auto& slot = state()[param.unsafeGetTensorImpl()];
+      if (!slot) {
+        check_fused_param(param, name);
+        slot = std::make_unique<torch::optim::SGDParamState>();
+      }
+      auto& state = static_cast<torch::optim::SGDParamState&>(*slot);
+      auto& bucket = bucket_for(buckets, param);
+      bucket.params.push_back(param);
+      bucket.grads.push_back(grad);
+      if (momentum) {
+        if (state.momentum_buffer().defined()) {
+          is_first_step = false;
+        } else {
+          state.momentum_buffer(at::zeros_like(grad));
+        }
+        bucket.a.push_back(state.momentum_buffer());
+      }
+    }
+    for (auto& bucket : buckets) {
+      at::_fused_sgd_(
+          bucket.params,
+          bucket.grads,
+          bucket.a,
+          options.weight_decay(),
+          options.momentum(),
+          options.lr(),
+          options.dampening(),
+          options.nesterov(),
+          /*maximize=*/false,
+          is_first_step,
+          on(grad_scale, bucket.device),
+          on(found_inf, bucket.device));
+    }
+  }
+}
+
+void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::
+      serialize<torch::optim::SGDParamState, torch::optim::SGDOptions>(
+          archive, *this);
+}
+
+void FusedSGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::
+      serialize<torch::optim::SGDParamState, torch::optim::SGDOptions>(
+          archive, *this);
+}
+
+} // namespace lamp::optim
