@@ -76,6 +76,17 @@ inline std::vector<std::vector<std::string>> split_lines(
   return lines;
 }
 
+/// Fixture of single-GPU tests: skipped (not passed) without CUDA. Name
+/// suites that use it `...Gpu` so that CTest labels them `gpu`.
+class GpuTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) {
+      GTEST_SKIP() << "needs a CUDA device; none found";
+    }
+  }
+};
+
 } // namespace lamp::test
 
 /// In a test body or SetUp(): skip (reported as skipped by CTest) when no
