@@ -1,0 +1,132 @@
+// Times one mixed-precision training step of an MLP 784-512-10 with
+// lamp::GradScaler, with torch::optim::Adam (the scaler reads found_inf on
+// the host every step) and with lamp::optim::FusedAdam (no host sync).
+// benchmarks/grad_scaler_step.py is the same in Python; benchmarks/README.md
+// has the results.
+//
+//   grad_scaler_step [--batch-size 64] [--steps 200] [--repeats 7]
+
+#include <lamp/lamp.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Options {
+  std::string device = "cuda";
+  int64_t batch_size = 64;
+  int64_t steps = 200;
+  int64_t warmup = 50;
+  int64_t repeats = 7;
+};
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) {
+    torch::cuda::synchronize();
+  }
+}
+
+// Median over `repeats` of the mean step time of `steps` back-to-back steps.
+double time_ms(
+    const Options& opt,
+    const torch::Device& device,
+    const std::function<void()>& step) {
+  for (int64_t i = 0; i < opt.warmup; ++i) {
+    step();
+  }
+  std::vector<double> per_step;
+  for (int64_t r = 0; r < opt.repeats; ++r) {
+    synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < opt.steps; ++i) {
+      step();
+    }
+    synchronize(device);
+    const auto stop = std::chrono::steady_clock::now();
+    per_step.push_back(
+        std::chrono::duration<double, std::milli>(stop - start).count() /
+        opt.steps);
+  }
+  std::sort(per_step.begin(), per_step.end());
+  return per_step[per_step.size() / 2];
+}
+
+double run(const Options& opt, const torch::Device& device, bool fused) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(
+      torch::nn::Linear(784, 512),
+      torch::nn::ReLU(),
+      torch::nn::Linear(512, 10));
+  model->to(device);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (fused) {
+    optimizer = std::make_unique<lamp::optim::FusedAdam>(model->parameters());
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(model->parameters());
+  }
+  const auto amp_dtype = device.is_cuda() ? torch::kHalf : torch::kBFloat16;
+  lamp::GradScaler scaler;
+  auto x = torch::randn({opt.batch_size, 784}, device);
+  auto y = torch::randint(
+      10, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
+  return time_ms(opt, device, [&] {
+    optimizer->zero_grad();
+    torch::Tensor loss;
+    {
+      lamp::AutocastGuard autocast(device.type(), amp_dtype);
+      loss = torch::cross_entropy_loss(model->forward(x), y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(*optimizer);
+    scaler.update();
+  });
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"Time a GradScaler AMP step: torch::optim::Adam vs FusedAdam"};
+  app.add_option("--device", opt.device, "cuda or cpu")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
+  app.add_option("--batch-size", opt.batch_size)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--steps", opt.steps, "timed steps per repeat")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", opt.warmup)->capture_default_str();
+  app.add_option("--repeats", opt.repeats)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (opt.device == "cuda" && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "grad_scaler_step: no CUDA device\n");
+    return 77;
+  }
+  const torch::Device device(opt.device);
+  std::printf("%s\n", lamp::build_info().c_str());
+  std::printf(
+      "MLP 784-512-10, batch %lld, %s autocast + GradScaler, median of %lld "
+      "x %lld steps\n",
+      static_cast<long long>(opt.batch_size),
+      device.is_cuda() ? "fp16" : "bf16",
+      static_cast<long long>(opt.repeats),
+      static_cast<long long>(opt.steps));
+  const double adam = run(opt, device, false);
+  const double fused = run(opt, device, true);
+  std::printf("%-32s %8s\n", "optimizer", "ms/step");
+  std::printf("%-32s %8.3f\n", "C++ torch::optim::Adam", adam);
+  std::printf("%-32s %8.3f\n", "C++ lamp::optim::FusedAdam", fused);
+  return 0;
+}
