@@ -60,7 +60,16 @@ double time_ms(
   return per_step[per_step.size() / 2];
 }
 
-double run(const Options& opt, const torch::Device& device, bool fused) {
+enum class Phase { kForward, kForwardBackward, kStep };
+
+// Median ms of `phase` of an AMP step (or of a plain fp32 step when `amp` is
+// false, as a floor).
+double run(
+    const Options& opt,
+    const torch::Device& device,
+    bool fused,
+    Phase phase,
+    bool amp = true) {
   torch::manual_seed(0);
   torch::nn::Sequential model(
       torch::nn::Linear(784, 512),
@@ -74,7 +83,7 @@ double run(const Options& opt, const torch::Device& device, bool fused) {
     optimizer = std::make_unique<torch::optim::Adam>(model->parameters());
   }
   const auto amp_dtype = device.is_cuda() ? torch::kHalf : torch::kBFloat16;
-  lamp::GradScaler scaler;
+  lamp::GradScaler scaler(lamp::GradScalerOptions().enabled(amp));
   auto x = torch::randn({opt.batch_size, 784}, device);
   auto y = torch::randint(
       10, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
@@ -82,10 +91,16 @@ double run(const Options& opt, const torch::Device& device, bool fused) {
     optimizer->zero_grad();
     torch::Tensor loss;
     {
-      lamp::AutocastGuard autocast(device.type(), amp_dtype);
+      lamp::AutocastGuard autocast(device.type(), amp_dtype, amp);
       loss = torch::cross_entropy_loss(model->forward(x), y);
     }
+    if (phase == Phase::kForward) {
+      return;
+    }
     scaler.scale(loss).backward();
+    if (phase == Phase::kForwardBackward) {
+      return;
+    }
     scaler.step(*optimizer);
     scaler.update();
   });
@@ -123,10 +138,18 @@ int main(int argc, char** argv) {
       device.is_cuda() ? "fp16" : "bf16",
       static_cast<long long>(opt.repeats),
       static_cast<long long>(opt.steps));
-  const double adam = run(opt, device, false);
-  const double fused = run(opt, device, true);
-  std::printf("%-32s %8s\n", "optimizer", "ms/step");
-  std::printf("%-32s %8.3f\n", "C++ torch::optim::Adam", adam);
-  std::printf("%-32s %8.3f\n", "C++ lamp::optim::FusedAdam", fused);
+  const std::vector<std::pair<const char*, double>> rows = {
+      {"C++ torch::optim::Adam", run(opt, device, false, Phase::kStep)},
+      {"C++ lamp::optim::FusedAdam", run(opt, device, true, Phase::kStep)},
+      {"  of which forward", run(opt, device, true, Phase::kForward)},
+      {"  of which forward+backward",
+       run(opt, device, true, Phase::kForwardBackward)},
+      {"C++ FusedAdam fp32, no AMP",
+       run(opt, device, true, Phase::kStep, false)},
+  };
+  std::printf("%-32s %8s\n", "AMP step", "ms/step");
+  for (const auto& [name, ms] : rows) {
+    std::printf("%-32s %8.3f\n", name, ms);
+  }
   return 0;
 }

@@ -191,7 +191,10 @@ Run run_python(const std::string& scenario, const char* device, int steps) {
   return run;
 }
 
-// rtol 0: bitwise.
+// rtol 0: bitwise. Otherwise each parameter tensor must agree within rtol
+// relative to its largest element (LibTorch's and Python's non-fused Adam
+// round differently; over 200 steps single elements near zero drift by a few
+// float32 ulps of the tensor's scale).
 void expect_same_run(const Run& cpp, const Run& python, double rtol) {
   ASSERT_EQ(cpp.scales.size(), python.scales.size());
   for (size_t i = 0; i < cpp.scales.size(); ++i) {
@@ -200,15 +203,25 @@ void expect_same_run(const Run& cpp, const Run& python, double rtol) {
   }
   ASSERT_EQ(cpp.params.size(), python.params.size());
   for (size_t k = 0; k < cpp.params.size(); ++k) {
-    ASSERT_EQ(cpp.params[k].size(), python.params[k].size());
-    for (size_t i = 0; i < cpp.params[k].size(); ++i) {
-      const double a = cpp.params[k][i], b = python.params[k][i];
-      if (rtol == 0) {
-        ASSERT_EQ(a, b) << "param " << k << "[" << i << "]";
-      } else {
-        ASSERT_NEAR(a, b, rtol * std::abs(b) + 1e-7)
-            << "param " << k << "[" << i << "]";
+    const auto& a = cpp.params[k];
+    const auto& b = python.params[k];
+    ASSERT_EQ(a.size(), b.size());
+    double max_diff = 0, max_abs = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      max_abs = std::max(max_abs, std::abs(b[i]));
+      if (std::abs(a[i] - b[i]) > max_diff) {
+        max_diff = std::abs(a[i] - b[i]);
+        worst = i;
       }
+    }
+    if (rtol == 0) {
+      EXPECT_EQ(max_diff, 0.0) << "param " << k << "[" << worst << "]: C++ "
+                               << a[worst] << ", Python " << b[worst];
+    } else {
+      EXPECT_LE(max_diff, rtol * max_abs)
+          << "param " << k << "[" << worst << "]: C++ " << a[worst]
+          << ", Python " << b[worst];
     }
   }
 }
