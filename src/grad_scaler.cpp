@@ -222,8 +222,11 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) {
     // The optimizer unscales (unless unscale_ did) and skips on the device.
     if (state->stage == Stage::kReady) {
-      state->found_inf_per_device =
-          unscale_grads_(optimizer, at::ones_like(scale_), true);
+      // Python's _check_inf_per_device: an inf check with inv_scale 1.
+      if (!ones_.defined()) {
+        ones_ = at::ones_like(scale_);
+      }
+      state->found_inf_per_device = unscale_grads_(optimizer, ones_, true);
     }
     torch::Tensor found_inf;
     for (const auto& [device, t] : state->found_inf_per_device) {

@@ -42,9 +42,9 @@ def make_optimizers(scenario, params):
         return [torch.optim.SGD(params[:2], lr=0.05),
                 torch.optim.SGD(params[2:], lr=0.05)]
     if kind == "adam":
-        return [torch.optim.Adam(params, lr=1e-2, fused=fused or None)]
+        return [torch.optim.Adam(params, lr=1e-3, fused=fused or None)]
     if kind == "adamw":
-        return [torch.optim.AdamW(params, lr=1e-2, fused=fused or None)]
+        return [torch.optim.AdamW(params, lr=1e-3, fused=fused or None)]
     raise SystemExit(f"unknown scenario {scenario}")
 
 

@@ -97,16 +97,16 @@ std::vector<std::unique_ptr<Optimizer>> make_optimizers(
   } else if (scenario == "adam") {
     if (fused) {
       out.push_back(
-          std::make_unique<lamp::optim::FusedAdam>(params, AdamOptions(1e-2)));
+          std::make_unique<lamp::optim::FusedAdam>(params, AdamOptions(1e-3)));
     } else {
-      out.push_back(std::make_unique<Adam>(params, AdamOptions(1e-2)));
+      out.push_back(std::make_unique<Adam>(params, AdamOptions(1e-3)));
     }
   } else if (scenario == "adamw") {
     if (fused) {
       out.push_back(std::make_unique<lamp::optim::FusedAdamW>(
-          params, AdamWOptions(1e-2)));
+          params, AdamWOptions(1e-3)));
     } else {
-      out.push_back(std::make_unique<AdamW>(params, AdamWOptions(1e-2)));
+      out.push_back(std::make_unique<AdamW>(params, AdamWOptions(1e-3)));
     }
   }
   EXPECT_FALSE(out.empty()) << "unknown scenario " << scenario;

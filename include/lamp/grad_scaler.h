@@ -175,6 +175,7 @@ class LAMP_API GradScaler {
   GradScalerOptions options_;
   torch::Tensor scale_;
   torch::Tensor growth_tracker_;
+  torch::Tensor ones_; // inv_scale of the fused path's inf check
   int64_t init_growth_tracker_ = 0;
   torch::Tensor last_found_inf_;
   std::vector<OptimizerState> per_optimizer_states_;
