@@ -579,6 +579,36 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"fused_adamw", 1e-6}),
     scenario_name);
 
+TEST_F(GradScalerStepGpu, GradientsOnCpuAndCudaAreUnscaledPerDevice) {
+  auto on_cuda = torch::ones(
+      {3},
+      torch::dtype(torch::kFloat).device(torch::kCUDA).requires_grad(true));
+  auto on_cpu = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD sgd(std::vector<torch::Tensor>{on_cuda, on_cpu}, 1.0);
+  lamp::GradScaler scaler(lamp::GradScalerOptions().init_scale(4.0));
+  auto losses = scaler.scale({on_cuda.sum(), on_cpu.sum()});
+  EXPECT_TRUE(scaler.get_scale_async().is_cuda());
+  EXPECT_TRUE(losses[1].is_cpu());
+  torch::autograd::backward(losses);
+  scaler.unscale_(sgd);
+  EXPECT_TRUE(torch::equal(on_cuda.grad().cpu(), torch::ones({3})));
+  EXPECT_TRUE(torch::equal(on_cpu.grad(), torch::ones({3})));
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+
+  sgd.zero_grad();
+  torch::autograd::backward(scaler.scale({on_cuda.sum(), on_cpu.sum()}));
+  on_cpu.grad()[0] = NAN; // the CPU group overflows, the CUDA one does not
+  const auto before = on_cuda.detach().clone();
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_TRUE(torch::equal(on_cuda, before))
+      << "a skipped step moved a parameter";
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+  EXPECT_TRUE(scaler.get_found_inf_async().is_cuda());
+}
+
 #if LAMP_WITH_CUDA
 
 // A small fp16-autocast model whose whole training step can be replayed.
