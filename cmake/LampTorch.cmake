@@ -10,6 +10,7 @@
 # empty when there is none).
 
 set(LAMP_TORCH_PIN "2.11.0")
+set(LAMP_TORCHVISION_PIN "0.26.0")
 set(LAMP_VENV_DIR "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
     "Project-local virtual environment used when no LibTorch is found otherwise")
 option(LAMP_TORCH_VENV
@@ -176,6 +177,23 @@ if(NOT LAMP_TORCH_SOURCE)
         "-DTorch_DIR=<libtorch>/share/cmake/Torch.")
     endif()
     _lamp_python_torch("${_venv_python}" _version _prefix)
+  endif()
+  # The tests compare lamp's ResNet-50 with torchvision's.
+  execute_process(
+    COMMAND "${_venv_python}" -c "import torchvision"
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    message(STATUS "lamp: installing PyPI torchvision==${LAMP_TORCHVISION_PIN} "
+                   "into ${LAMP_VENV_DIR} (test oracle)")
+    execute_process(
+      COMMAND "${_venv_python}" -m pip install --disable-pip-version-check
+              --progress-bar off "torch==${LAMP_TORCH_PIN}"
+              "torchvision==${LAMP_TORCHVISION_PIN}"
+      RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(WARNING "lamp: could not install torchvision; the ResNet-50 "
+                      "comparison test will be skipped")
+    endif()
   endif()
   _lamp_cuda_toolkit_from_pip("${_venv_python}" "${_prefix}")
   set(Torch_DIR "${_prefix}/Torch" CACHE PATH "LibTorch CMake config" FORCE)

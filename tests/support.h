@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -54,6 +55,16 @@ inline std::string run_python_oracle(
         "oracle failed (status " + std::to_string(status) + "): " + command);
   }
   return out;
+}
+
+/// Whether the oracle python can `import module`.
+inline bool python_can_import(const std::string& module) {
+  if (!have_python_oracle()) {
+    return false;
+  }
+  const std::string command = std::string("\"") + LAMP_TEST_PYTHON +
+      "\" -c \"import " + module + "\" > /dev/null 2>&1";
+  return std::system(command.c_str()) == 0;
 }
 
 /// Splits `text` into lines of whitespace-separated words.

@@ -1,0 +1,121 @@
+#pragma once
+
+// ResNet-50 written with torch::nn, identical to torchvision.models.resnet50()
+// (v1.5: the stride sits in the 3x3 convolution of each bottleneck; 25,557,032
+// parameters). Parameters and buffers have torchvision's names
+// ("layer1.0.downsample.1.running_mean", ...), so a state dict written by
+// Python loads into it.
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+namespace resnet {
+
+inline torch::nn::Conv2d conv(
+    int64_t in,
+    int64_t out,
+    int64_t kernel,
+    int64_t stride = 1) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
+                               .stride(stride)
+                               .padding(kernel / 2)
+                               .bias(false));
+}
+
+struct BottleneckImpl : torch::nn::Module {
+  static constexpr int64_t kExpansion = 4;
+
+  BottleneckImpl(int64_t in, int64_t width, int64_t stride)
+      : conv1(register_module("conv1", conv(in, width, 1))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(width))),
+        conv2(register_module("conv2", conv(width, width, 3, stride))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(width))),
+        conv3(register_module("conv3", conv(width, width * kExpansion, 1))),
+        bn3(register_module(
+            "bn3",
+            torch::nn::BatchNorm2d(width * kExpansion))) {
+    if (stride != 1 || in != width * kExpansion) {
+      downsample = register_module(
+          "downsample",
+          torch::nn::Sequential(
+              conv(in, width * kExpansion, 1, stride),
+              torch::nn::BatchNorm2d(width * kExpansion)));
+    }
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto out = torch::relu(bn1(conv1(x)));
+    out = torch::relu(bn2(conv2(out)));
+    out = bn3(conv3(out));
+    out += downsample ? downsample->forward(x) : x;
+    return torch::relu(out);
+  }
+
+  torch::nn::Conv2d conv1, conv2, conv3;
+  torch::nn::BatchNorm2d bn1, bn2, bn3;
+  torch::nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+struct ResNet50Impl : torch::nn::Module {
+ private:
+  int64_t in_ = 64; // channels entering the next layer (used while building)
+
+ public:
+  explicit ResNet50Impl(int64_t num_classes = 1000)
+      : conv1(register_module(
+            "conv1",
+            torch::nn::Conv2d(
+                torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(
+                    false)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(64))),
+        layer1(register_module("layer1", make_layer(64, 3, 1))),
+        layer2(register_module("layer2", make_layer(128, 4, 2))),
+        layer3(register_module("layer3", make_layer(256, 6, 2))),
+        layer4(register_module("layer4", make_layer(512, 3, 2))),
+        fc(register_module(
+            "fc",
+            torch::nn::Linear(512 * BottleneckImpl::kExpansion, num_classes))) {
+    // torchvision's initialisation.
+    for (auto& module : modules(/*include_self=*/false)) {
+      if (auto* c = module->as<torch::nn::Conv2d>()) {
+        torch::nn::init::kaiming_normal_(
+            c->weight, 0.0, torch::kFanOut, torch::kReLU);
+      } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
+        torch::nn::init::ones_(bn->weight);
+        torch::nn::init::zeros_(bn->bias);
+      }
+    }
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1(conv1(x)));
+    x = torch::max_pool2d(x, 3, 2, 1);
+    x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc(x);
+  }
+
+  torch::nn::Conv2d conv1;
+  torch::nn::BatchNorm2d bn1;
+  torch::nn::Sequential layer1, layer2, layer3, layer4;
+  torch::nn::Linear fc;
+
+ private:
+  torch::nn::Sequential make_layer(
+      int64_t width,
+      int64_t blocks,
+      int64_t stride) {
+    torch::nn::Sequential layer;
+    for (int64_t i = 0; i < blocks; ++i) {
+      layer->push_back(Bottleneck(in_, width, i == 0 ? stride : 1));
+      in_ = width * BottleneckImpl::kExpansion;
+    }
+    return layer;
+  }
+};
+TORCH_MODULE(ResNet50);
+
+} // namespace resnet
