@@ -1,0 +1,125 @@
+"""Side-by-side benchmark on a GPU host: builds lamp, then runs each case
+with lamp's C++ example and its Python twin (benchmarks/resnet50_amp.py,
+benchmarks/mlp_amp.py) in this one invocation, and prints one table of
+median step times and peak memory with the Python/C++ ratio.
+
+Usage: python3 benchmarks/compare.py [--build-dir build] [--no-build]
+           [--steps 100] [--quick] [--markdown]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (model, precision, batch, channels_last)
+CASES = [
+    ("resnet50", "fp32", 64, False),
+    ("resnet50", "fp16", 64, False),
+    ("resnet50", "bf16", 64, False),
+    ("resnet50", "fp16", 64, True),
+    ("resnet50", "fp32", 256, True),
+    ("resnet50", "fp16", 256, True),
+    ("mlp", "fp32", 64, False),
+    ("mlp", "fp16", 64, False),
+]
+
+
+def run(command):
+    print("$", " ".join(command), file=sys.stderr, flush=True)
+    out = subprocess.run(command, check=True, capture_output=True, text=True,
+                         cwd=ROOT).stdout
+    return out
+
+
+def summary_from_jsonl(path):
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r["kind"] == "summary"][-1]
+
+
+def cpp_case(build, model, precision, batch, channels_last, args):
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as metrics:
+        if model == "resnet50":
+            command = [f"{build}/examples/resnet50_amp", "--device", "cuda",
+                       "--precision", precision, "--batch-size", str(batch),
+                       "--steps", str(args.steps), "--warmup", "10",
+                       "--metrics", metrics.name]
+            if channels_last:
+                command.append("--channels-last")
+        else:
+            command = [f"{build}/examples/mlp_amp", "--device", "cuda",
+                       "--precision", precision, "--batch-size", str(batch),
+                       "--epochs", "1", "--metrics", metrics.name]
+        run(command)
+        return summary_from_jsonl(metrics.name)
+
+
+def python_case(model, precision, batch, channels_last, args):
+    if model == "resnet50":
+        command = [sys.executable, "benchmarks/resnet50_amp.py",
+                   "--precision", precision, "--batch-size", str(batch),
+                   "--steps", str(args.steps), "--warmup", "10"]
+        if channels_last:
+            command.append("--channels-last")
+    else:
+        command = [sys.executable, "benchmarks/mlp_amp.py", "--precision",
+                   precision, "--batch-size", str(batch), "--epochs", "1"]
+    return json.loads(run(command).strip().splitlines()[-1])
+
+
+def step_ms(summary):
+    return summary.get("median_step_ms", summary.get("ms_per_step"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    p.add_argument("--no-build", action="store_true")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--quick", action="store_true", help="bs64 cases only")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    if not args.no_build:
+        if not os.path.exists(os.path.join(args.build_dir, "CMakeCache.txt")):
+            run(["cmake", "-S", ROOT, "-B", args.build_dir, "-G", "Ninja",
+                 "-DCMAKE_BUILD_TYPE=Release"])
+        run(["cmake", "--build", args.build_dir, "--target", "resnet50_amp",
+             "mlp_amp"])
+    cases = [c for c in CASES if not (args.quick and c[2] > 64)]
+    rows = []
+    for model, precision, batch, channels_last in cases:
+        cpp = cpp_case(args.build_dir, model, precision, batch, channels_last,
+                       args)
+        py = python_case(model, precision, batch, channels_last, args)
+        rows.append((model, precision, batch, channels_last, cpp, py))
+    fp32 = {(m, b, cl): step_ms(c) for m, p_, b, cl, c, _ in rows if p_ == "fp32"}
+    header = ("case", "C++ ms", "Python ms", "Py/C++", "C++ GiB",
+              "Python GiB", "C++ AMP vs fp32")
+    lines = []
+    for model, precision, batch, cl, cpp, py in rows:
+        name = f"{model} bs{batch} {'NHWC' if cl else 'NCHW'} {precision}"
+        base = fp32.get((model, batch, cl))
+        amp = f"{base / step_ms(cpp):.2f}x" if base and precision != "fp32" else ""
+        lines.append((name, f"{step_ms(cpp):.2f}", f"{step_ms(py):.2f}",
+                      f"{step_ms(py) / step_ms(cpp):.2f}x",
+                      f"{cpp.get('peak_memory_bytes', 0) / 2**30:.2f}",
+                      f"{py.get('peak_memory_bytes', 0) / 2**30:.2f}", amp))
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + " --- |" * len(header))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+        for line in [header] + lines:
+            print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+
+
+if __name__ == "__main__":
+    main()

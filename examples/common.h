@@ -1,0 +1,154 @@
+#pragma once
+
+// Helpers shared by lamp's examples: device and precision flags, timing,
+// peak memory, JSON-lines metrics.
+
+#include <lamp/config.h>
+
+#include <torch/torch.h>
+
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <algorithm>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace examples {
+
+/// Exit status of an example that cannot run here (CTest's SKIP_RETURN_CODE).
+constexpr int kSkip = 77;
+
+struct Precision {
+  std::string name; // fp32, fp16 or bf16
+  bool amp;
+  c10::ScalarType dtype;
+};
+
+inline Precision precision(const std::string& name) {
+  if (name == "fp16") {
+    return {name, true, torch::kHalf};
+  }
+  if (name == "bf16") {
+    return {name, true, torch::kBFloat16};
+  }
+  return {"fp32", false, torch::kFloat};
+}
+
+/// "auto" is CUDA when there is a device, else the CPU. Empty when CUDA was
+/// asked for and there is none.
+inline std::optional<torch::Device> pick_device(const std::string& flag) {
+  const bool cuda = torch::cuda::is_available();
+  if (flag == "cuda" && !cuda) {
+    return std::nullopt;
+  }
+  return torch::Device(
+      flag == "cpu" || (flag == "auto" && !cuda) ? torch::kCPU : torch::kCUDA);
+}
+
+inline void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) {
+    torch::cuda::synchronize();
+  }
+}
+
+/// Frees cached blocks and restarts peak tracking (CUDA only).
+inline void reset_peak_memory(const torch::Device& device) {
+#if LAMP_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(
+        device.index() < 0 ? 0 : device.index());
+  }
+#endif
+}
+
+/// Peak bytes allocated by the CUDA caching allocator since the last reset
+/// (0 on the CPU), as torch.cuda.max_memory_allocated().
+inline int64_t peak_memory_bytes(const torch::Device& device) {
+#if LAMP_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        device.index() < 0 ? 0 : device.index());
+    return stats.allocated_bytes[0].peak; // StatType::AGGREGATE
+  }
+#endif
+  return 0;
+}
+
+inline double median(std::vector<double> values) {
+  if (values.empty()) {
+    return NAN;
+  }
+  std::nth_element(
+      values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+/// Writes one JSON object per line (`--metrics FILE.jsonl`); a no-op when
+/// constructed with an empty path.
+class JsonLines {
+ public:
+  using Value = std::variant<double, int64_t, bool, std::string>;
+
+  explicit JsonLines(const std::string& path) {
+    if (!path.empty()) {
+      out_.open(path);
+      if (!out_) {
+        throw std::runtime_error("cannot write metrics file " + path);
+      }
+    }
+  }
+
+  void write(const std::vector<std::pair<std::string, Value>>& fields) {
+    if (!out_.is_open()) {
+      return;
+    }
+    std::ostringstream line;
+    line << std::setprecision(9) << "{";
+    const char* sep = "";
+    for (const auto& [key, value] : fields) {
+      line << sep << quote(key) << ": ";
+      sep = ", ";
+      if (const auto* d = std::get_if<double>(&value)) {
+        if (std::isfinite(*d)) {
+          line << *d;
+        } else {
+          line << "null";
+        }
+      } else if (const auto* i = std::get_if<int64_t>(&value)) {
+        line << *i;
+      } else if (const auto* b = std::get_if<bool>(&value)) {
+        line << (*b ? "true" : "false");
+      } else {
+        line << quote(std::get<std::string>(value));
+      }
+    }
+    out_ << line.str() << "}\n";
+    out_.flush();
+  }
+
+ private:
+  static std::string quote(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+      }
+      out += c;
+    }
+    return out + "\"";
+  }
+
+  std::ofstream out_;
+};
+
+} // namespace examples
