@@ -64,6 +64,8 @@ inline void synchronize(const torch::Device& device) {
 inline void reset_peak_memory(const torch::Device& device) {
 #if LAMP_WITH_CUDA
   if (device.is_cuda()) {
+    // NOTE: the allocator knows the devices only once CUDA is initialised.
+    torch::zeros({1}, torch::TensorOptions(device));
     c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(
         device.index() < 0 ? 0 : device.index());
