@@ -148,6 +148,7 @@ Result train(
     const examples::Precision& precision,
     const Data& data,
     examples::JsonLines& metrics) {
+  examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   torch::nn::Sequential model(
       torch::nn::Linear(784, 512),
@@ -255,6 +256,7 @@ Result train(
        {"epochs", opt.epochs},
        {"ms_per_step", result.ms_per_step},
        {"test_accuracy", result.accuracy},
+       {"peak_memory_bytes", examples::peak_memory_bytes(device)},
        {"final_loss", result.final_loss},
        {"final_scale", result.final_scale}});
   return result;
