@@ -128,10 +128,9 @@ std::vector<torch::Tensor> GradScaler::scale(
     if (!scale_.defined()) {
       lazy_init_scale_growth_tracker(output.device());
     }
-    scaled.push_back(
-        output * replica(scales, output.device(), [&] {
-          return on(scale_, output.device());
-        }));
+    scaled.push_back(output * replica(scales, output.device(), [&] {
+                       return on(scale_, output.device());
+                     }));
   }
   return scaled;
 }
@@ -142,8 +141,8 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     bool allow_fp16) {
   struct Group {
     c10::Device device;
-    c10::ScalarType dtype;
-    std::vector<torch::Tensor> grads;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    std::vector<torch::Tensor> grads{};
   };
   std::vector<Group> groups;
   torch::NoGradGuard no_grad;

@@ -41,8 +41,8 @@ void check_grad(const torch::Tensor& grad, const char* name) {
 // kernel each, as Python's Optimizer._group_tensors_by_device_and_dtype.
 struct Bucket {
   c10::Device device;
-  c10::ScalarType dtype;
-  std::vector<torch::Tensor> params, grads, a, b, c, steps;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<torch::Tensor> params{}, grads{}, a{}, b{}, c{}, steps{};
 };
 
 Bucket& bucket_for(std::vector<Bucket>& buckets, const torch::Tensor& param) {

@@ -86,11 +86,11 @@ class LAMP_API AutocastGuard {
 
  private:
   c10::DeviceType device_type_;
-  c10::ScalarType dtype_;
-  bool enabled_;
-  bool prev_enabled_;
-  c10::ScalarType prev_dtype_;
-  bool prev_cache_enabled_;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  bool enabled_ = false;
+  bool prev_enabled_ = false;
+  c10::ScalarType prev_dtype_ = c10::ScalarType::Undefined;
+  bool prev_cache_enabled_ = true;
 };
 
 } // namespace lamp

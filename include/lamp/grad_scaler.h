@@ -80,6 +80,7 @@ struct LAMP_API GradScalerOptions {
 class LAMP_API GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  ~GradScaler() = default;
 
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;
@@ -159,9 +160,9 @@ class LAMP_API GradScaler {
   enum class Stage { kReady, kUnscaled, kStepped };
   using PerDevice = std::vector<std::pair<c10::Device, torch::Tensor>>;
   struct OptimizerState {
-    const torch::optim::Optimizer* optimizer;
+    const torch::optim::Optimizer* optimizer = nullptr;
     Stage stage = Stage::kReady;
-    PerDevice found_inf_per_device;
+    PerDevice found_inf_per_device{};
   };
 
   void lazy_init_scale_growth_tracker(c10::Device device);
@@ -178,7 +179,7 @@ class LAMP_API GradScaler {
   torch::Tensor ones_; // inv_scale of the fused path's inf check
   int64_t init_growth_tracker_ = 0;
   torch::Tensor last_found_inf_;
-  std::vector<OptimizerState> per_optimizer_states_;
+  std::vector<OptimizerState> per_optimizer_states_{};
 };
 
 /// Serializes `scaler` so that `torch::save(scaler, path)` works.
