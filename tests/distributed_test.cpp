@@ -18,6 +18,7 @@ namespace {
 
 using lamp::dist::LaunchConfig;
 using lamp::dist::ProcessGroupOptions;
+using lamp::test::expect_error;
 
 // Sets environment variables for one test and restores them afterwards.
 class Env {
@@ -53,18 +54,6 @@ class Env {
  private:
   std::map<std::string, std::optional<std::string>> saved_;
 };
-
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(
-        std::string(e.what_without_backtrace()).find(message),
-        std::string::npos)
-        << e.what_without_backtrace();
-  }
-}
 
 // A TCP port nobody listens on right now.
 int free_port() {

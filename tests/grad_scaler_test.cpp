@@ -23,6 +23,7 @@
 
 namespace {
 
+using lamp::test::expect_error;
 using torch::optim::Optimizer;
 
 // What tests/grad_scaler_oracle.py prints, and the same run in C++.
@@ -286,18 +287,6 @@ struct Model {
         .sum();
   }
 };
-
-void expect_error(const std::function<void()>& f, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(
-        std::string(e.what_without_backtrace()).find(message),
-        std::string::npos)
-        << e.what_without_backtrace();
-  }
-}
 
 TEST(GradScaler, MisuseRaisesPythonsErrors) {
   Model model;

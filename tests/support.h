@@ -2,6 +2,7 @@
 
 // Helpers shared by lamp's tests.
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -9,6 +10,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -85,6 +87,21 @@ inline std::vector<std::vector<std::string>> split_lines(
     }
   }
   return lines;
+}
+
+/// Expects `f` to throw a c10::Error whose message contains `message`.
+inline void expect_error(
+    const std::function<void()>& f,
+    const std::string& message) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected: " << message;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(
+        std::string(e.what_without_backtrace()).find(message),
+        std::string::npos)
+        << e.what_without_backtrace();
+  }
 }
 
 /// Fixture of single-GPU tests: skipped (not passed) without CUDA. Name
