@@ -1,5 +1,6 @@
 #include <lamp/grad_scaler.h>
 
+#include <lamp/distributed.h>
 #include <lamp/optim.h>
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -183,6 +184,19 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
         group.grads, found_inf, replica(inv_scales, group.device, [&] {
           return on(inv_scale, group.device);
         }));
+  }
+  if (const auto& pg = options_.process_group()) {
+    for (const auto& [device, found_inf] : found_inf_per_device) {
+      TORCH_CHECK(
+          device == pg->device(),
+          "lamp::GradScaler: gradients on ",
+          device,
+          " but the process group's device is ",
+          pg->device(),
+          "; with GradScalerOptions::process_group every gradient must be "
+          "on this rank's device.");
+      pg->allreduce(found_inf, dist::ReduceOp::kMax);
+    }
   }
   return found_inf_per_device;
 }

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -13,6 +14,9 @@
 #include <lamp/export.h>
 
 namespace lamp {
+namespace dist {
+class ProcessGroup;
+} // namespace dist
 
 /// Options of `GradScaler`; defaults are those of `torch.amp.GradScaler`.
 struct LAMP_API GradScalerOptions {
@@ -30,6 +34,14 @@ struct LAMP_API GradScalerOptions {
   /// When false, every method is a pass-through: `scale` returns its input,
   /// `step` calls `optimizer.step()`, `update` does nothing. Default: true.
   TORCH_ARG(bool, enabled) = true;
+  /// When set, the inf/NaN flag is combined (maximum) over the group's
+  /// ranks on the device, so that every rank skips the same steps even when
+  /// their gradients differ, e.g. when stepping on gradients accumulated
+  /// under `DistributedDataParallel::no_sync()`. Not needed with averaged
+  /// DDP gradients: those are identical on every rank. Costs one tiny
+  /// allreduce per `unscale_`/`step`, no host sync. Default: none (lamp
+  /// extension; Python's GradScaler has no such option).
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, process_group) = nullptr;
 };
 
 /// Dynamic loss scaling for mixed-precision training, with the semantics,

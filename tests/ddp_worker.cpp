@@ -1,0 +1,431 @@
+// One rank of a multi-GPU test, started by torchrun from distributed_test.cpp
+// (`torchrun --no-python --nproc_per_node=2 lamp_ddp_worker --out DIR ...`).
+// Each rank writes what it saw to DIR/rank<R>.txt (lines of words) and its
+// final parameters to DIR/rank<R>.pt; rank 0 also trains the single-process
+// reference on the whole batch (DIR/reference.pt). The test compares them.
+
+#include <lamp/lamp.h>
+
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace {
+
+struct Args {
+  std::string out;
+  std::string scenario = "train"; // train | collectives | mismatch | exit
+  int64_t steps = 12;
+  int64_t batch = 32; // per rank
+  double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;
+  bool no_sync = false; // accumulate two micro-batches, the first unsynced
+  bool local = false; // never average: every backward under no_sync
+  bool unused = false; // a parameter used every other step, one never
+  bool grad_view = false; // gradient_as_bucket_view + zero_grad(false)
+  bool batch_norm = false;
+  std::string comm_dtype; // "" | fp16 | bf16
+  int64_t inject_rank = -1; // rank whose input gets an inf ...
+  int64_t inject_step = -1; // ... at this step
+  double timeout_s = 60;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  std::map<std::string, std::string> kv;
+  for (int i = 1; i < argc; ++i) {
+    std::string key = argv[i];
+    TORCH_CHECK(key.rfind("--", 0) == 0, "unexpected argument ", key);
+    key = key.substr(2);
+    const bool is_flag =
+        i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0;
+    kv[key] = is_flag ? "1" : argv[++i];
+  }
+  auto take = [&](const char* key, auto& field) {
+    auto it = kv.find(key);
+    if (it == kv.end()) {
+      return;
+    }
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      field = it->second;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      field = it->second == "1";
+    } else if constexpr (std::is_same_v<T, double>) {
+      field = std::stod(it->second);
+    } else {
+      field = std::stoll(it->second);
+    }
+    kv.erase(it);
+  };
+  take("out", a.out);
+  take("scenario", a.scenario);
+  take("steps", a.steps);
+  take("batch", a.batch);
+  take("bucket-cap-mb", a.bucket_cap_mb);
+  take("first-bucket-cap-mb", a.first_bucket_cap_mb);
+  take("no-sync", a.no_sync);
+  take("local", a.local);
+  take("unused", a.unused);
+  take("grad-view", a.grad_view);
+  take("batch-norm", a.batch_norm);
+  take("comm-dtype", a.comm_dtype);
+  take("inject-rank", a.inject_rank);
+  take("inject-step", a.inject_step);
+  take("timeout-s", a.timeout_s);
+  TORCH_CHECK(kv.empty(), "unknown option --", kv.begin()->first);
+  TORCH_CHECK(!a.out.empty(), "--out DIR is required");
+  return a;
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t hidden, bool batch_norm, bool unused) {
+    fc1 = register_module("fc1", torch::nn::Linear(32, hidden));
+    if (batch_norm) {
+      bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    }
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
+    if (unused) {
+      sometimes =
+          register_module("sometimes", torch::nn::Linear(hidden, hidden));
+      never = register_module("never", torch::nn::Linear(4, 4));
+    }
+    head = register_module("head", torch::nn::Linear(hidden, 10));
+  }
+  torch::Tensor forward(torch::Tensor x, int64_t step) {
+    x = fc1(x);
+    if (bn) {
+      x = bn(x);
+    }
+    x = torch::relu(fc2(torch::relu(x)));
+    if (sometimes && step % 2 == 0) {
+      x = torch::relu(sometimes(x));
+    }
+    return head(x);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, sometimes{nullptr},
+      never{nullptr}, head{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct Data {
+  torch::Tensor x; // [steps, world * batch, 32]
+  torch::Tensor y; // [steps, world * batch]
+};
+
+Data make_data(const Args& a, int64_t world) {
+  torch::manual_seed(1234);
+  Data d{
+      torch::randn({a.steps, world * a.batch, 32}),
+      torch::randint(0, 10, {a.steps, world * a.batch}, torch::kLong)};
+  if (a.inject_rank >= 0) {
+    d.x[a.inject_step][a.inject_rank * a.batch][0] =
+        std::numeric_limits<float>::infinity();
+  }
+  return d;
+}
+
+struct History {
+  std::vector<double> scale, found_inf, loss;
+};
+
+// Trains `net` on rows [begin, begin + rows) of every step's batch.
+History train(
+    Net& net,
+    const Data& data,
+    int64_t begin,
+    int64_t rows,
+    const Args& a,
+    lamp::DistributedDataParallel* ddp,
+    const std::shared_ptr<lamp::dist::ProcessGroup>& scaler_pg) {
+  const auto device = net->parameters()[0].device();
+  lamp::optim::FusedSGD optimizer(
+      net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  lamp::GradScaler scaler(lamp::GradScalerOptions()
+                              .init_scale(1024)
+                              .growth_interval(4)
+                              .process_group(scaler_pg));
+  const int64_t micro = (ddp && a.no_sync) ? 2 : 1;
+  History h;
+  for (int64_t s = 0; s < a.steps; ++s) {
+    optimizer.zero_grad(/*set_to_none=*/!a.grad_view);
+    const auto x = data.x[s].narrow(0, begin, rows).to(device);
+    const auto y = data.y[s].narrow(0, begin, rows).to(device);
+    double loss_sum = 0;
+    for (int64_t m = 0; m < micro; ++m) {
+      std::optional<lamp::DistributedDataParallel::NoSyncGuard> no_sync;
+      if (ddp && (a.local || m + 1 < micro)) {
+        no_sync.emplace(*ddp);
+      }
+      torch::Tensor loss;
+      {
+        lamp::AutocastGuard autocast(torch::kCUDA);
+        loss = torch::nn::functional::cross_entropy(
+                   net->forward(x.chunk(micro)[m], s), y.chunk(micro)[m]) /
+            micro;
+      }
+      scaler.scale(loss).backward();
+      loss_sum += loss.item<double>();
+    }
+    scaler.step(optimizer);
+    scaler.update();
+    h.scale.push_back(scaler.get_scale());
+    h.found_inf.push_back(scaler.get_found_inf_async().item<double>());
+    h.loss.push_back(loss_sum);
+  }
+  return h;
+}
+
+std::vector<torch::Tensor> to_cpu(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : ts) {
+    out.push_back(t.detach().cpu());
+  }
+  return out;
+}
+
+void write_history(std::ofstream& out, const char* prefix, const History& h) {
+  for (size_t s = 0; s < h.scale.size(); ++s) {
+    out << prefix << " " << s << " " << h.scale[s] << " " << h.found_inf[s]
+        << " " << h.loss[s] << "\n";
+  }
+}
+
+std::string one_line(std::string text) {
+  for (auto& c : text) {
+    if (c == '\n') {
+      c = ' ';
+    }
+  }
+  return text;
+}
+
+lamp::dist::ProcessGroupOptions pg_options(const Args& a) {
+  return lamp::dist::ProcessGroupOptions().timeout(
+      std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+}
+
+int run_train(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  const auto data = make_data(a, pg->world_size());
+  torch::manual_seed(42 + rank); // replicas start apart: DDP must fix that
+  Net net(64, a.batch_norm, a.unused);
+  net->to(pg->device());
+  auto options = lamp::DDPOptions()
+                     .bucket_cap_mb(a.bucket_cap_mb)
+                     .first_bucket_cap_mb(a.first_bucket_cap_mb)
+                     .find_unused_parameters(a.unused)
+                     .gradient_as_bucket_view(a.grad_view);
+  if (a.comm_dtype == "fp16") {
+    options.comm_dtype(torch::kHalf);
+  } else if (a.comm_dtype == "bf16") {
+    options.comm_dtype(torch::kBFloat16);
+  }
+  History h;
+  size_t buckets = 0;
+  {
+    lamp::DistributedDataParallel ddp(net.ptr(), pg, options);
+    buckets = ddp.bucket_indices().size();
+    h = train(
+        net, data, rank * a.batch, a.batch, a, &ddp, a.local ? pg : nullptr);
+  }
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  out << "buckets " << buckets << "\n";
+  write_history(out, "ddp", h);
+  torch::save(
+      to_cpu(net->parameters()),
+      a.out + "/rank" + std::to_string(rank) + ".pt");
+  torch::save(
+      to_cpu(net->buffers()),
+      a.out + "/rank" + std::to_string(rank) + "_buffers.pt");
+  if (rank == 0 && !a.local) {
+    torch::manual_seed(42);
+    Net reference(64, a.batch_norm, a.unused);
+    reference->to(pg->device());
+    const auto r = train(
+        reference, data, 0, a.batch * pg->world_size(), a, nullptr, nullptr);
+    write_history(out, "reference", r);
+    torch::save(to_cpu(reference->parameters()), a.out + "/reference.pt");
+  }
+  out << "done\n";
+  return 0;
+}
+
+int run_collectives(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  const auto device = pg->device();
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  auto check = [&](const std::string& name, bool ok) {
+    out << "check " << name << " " << (ok ? "ok" : "FAIL") << "\n";
+  };
+  using lamp::dist::ReduceOp;
+  for (auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    const auto name = std::string(c10::toString(dtype));
+    auto t = torch::full({5}, rank + 1.0, torch::dtype(dtype).device(device));
+    auto sum = t.clone(), avg = t.clone(), max = t.clone();
+    pg->allreduce(sum, ReduceOp::kSum);
+    pg->allreduce(avg, ReduceOp::kAvg);
+    pg->allreduce(max, ReduceOp::kMax);
+    check("sum_" + name, sum.eq(3).all().item<bool>());
+    check("avg_" + name, avg.eq(1.5).all().item<bool>());
+    check("max_" + name, max.eq(2).all().item<bool>());
+  }
+  auto big = torch::full(
+      {3},
+      (int64_t{1} << 40) * (rank + 1),
+      torch::dtype(torch::kLong).device(device));
+  pg->allreduce(big, ReduceOp::kSum);
+  check("sum_int64", big.eq(int64_t{3} << 40).all().item<bool>());
+  // On a side stream, ordered after the producer by the caller.
+  {
+    auto side = c10::cuda::getStreamFromPool(false, device.index());
+    auto t = torch::arange(1000, torch::dtype(torch::kFloat).device(device)) *
+        (rank + 1);
+    c10::cuda::CUDAEvent produced;
+    produced.record(c10::cuda::getCurrentCUDAStream(device.index()));
+    produced.block(side);
+    pg->allreduce(t, ReduceOp::kSum, side);
+    c10::cuda::CUDAEvent reduced;
+    reduced.record(side);
+    reduced.block(c10::cuda::getCurrentCUDAStream(device.index()));
+    check("side_stream", t.equal(torch::arange(1000, t.options()) * 3));
+  }
+  {
+    auto a1 = torch::full(
+        {4, 3}, rank * 10.0, torch::dtype(torch::kFloat).device(device));
+    auto a2 =
+        torch::full({7}, rank + 5, torch::dtype(torch::kLong).device(device));
+    pg->broadcast({a1, a2}, /*root=*/1);
+    check(
+        "broadcast_root1",
+        a1.eq(10).all().item<bool>() && a2.eq(6).all().item<bool>());
+  }
+  const auto gathered = pg->allgather("hello from " + std::to_string(rank));
+  check(
+      "allgather",
+      gathered.size() == 2 && gathered[0] == "hello from 0" &&
+          gathered[1] == "hello from 1");
+  pg->barrier();
+  check("barrier", true);
+  // Bad input is an error, not a hang.
+  try {
+    pg->allreduce(
+        torch::ones({2, 2}, device).t().narrow(0, 0, 1), ReduceOp::kSum);
+    check("non_dense_rejected", false);
+  } catch (const c10::Error&) {
+    check("non_dense_rejected", true);
+  }
+  try {
+    pg->allreduce(torch::ones({2}), ReduceOp::kSum);
+    check("cpu_tensor_rejected", false);
+  } catch (const c10::Error& e) {
+    check(
+        "cpu_tensor_rejected",
+        std::string(e.what()).find("this rank's device") != std::string::npos);
+  }
+  torch::cuda::synchronize();
+  out << "done\n";
+  return 0;
+}
+
+int run_mismatch(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  Net net(rank == 1 ? 65 : 64, false, false);
+  net->to(pg->device());
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    lamp::DistributedDataParallel ddp(net.ptr(), pg);
+    out << "no_error\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    const std::chrono::duration<double> took =
+        std::chrono::steady_clock::now() - start;
+    out << "seconds " << took.count() << "\n";
+    out << "error " << one_line(e.what_without_backtrace()) << "\n";
+  }
+  out << "done\n";
+  return 0;
+}
+
+// Rank 1 leaves after three steps; rank 0 must fail, not hang.
+int run_exit(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  torch::manual_seed(42);
+  Net net(64, false, false);
+  net->to(pg->device());
+  lamp::DistributedDataParallel ddp(net.ptr(), pg);
+  lamp::optim::FusedSGD optimizer(
+      net->parameters(), torch::optim::SGDOptions(0.01));
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  auto x = torch::randn({a.batch, 32}, pg->device());
+  auto y = torch::randint(
+      0, 10, {a.batch}, torch::dtype(torch::kLong).device(pg->device()));
+  auto left = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < 1000; ++s) {
+    if (s == 3) {
+      if (rank == 1) {
+        out << "exiting\n";
+        out.close();
+        std::_Exit(0);
+      }
+      left = std::chrono::steady_clock::now();
+    }
+    try {
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(net->forward(x, s), y).backward();
+      optimizer.step();
+      torch::cuda::synchronize();
+    } catch (const c10::Error& e) {
+      const std::chrono::duration<double> took =
+          std::chrono::steady_clock::now() - left;
+      out << "failed_at_step " << s << "\n";
+      out << "seconds " << took.count() << "\n";
+      out << "error " << one_line(e.what_without_backtrace()) << "\n";
+      out << "done\n";
+      return 0;
+    }
+  }
+  out << "no_error\n";
+  return 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const auto a = parse(argc, argv);
+    if (a.scenario == "train") {
+      return run_train(a);
+    }
+    if (a.scenario == "collectives") {
+      return run_collectives(a);
+    }
+    if (a.scenario == "mismatch") {
+      return run_mismatch(a);
+    }
+    if (a.scenario == "exit") {
+      return run_exit(a);
+    }
+    std::cerr << "unknown scenario " << a.scenario << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "lamp_ddp_worker: " << e.what() << "\n";
+    return 1;
+  }
+}
