@@ -3,8 +3,15 @@ with lamp's C++ example and its Python twin (benchmarks/resnet50_amp.py,
 benchmarks/mlp_amp.py) in this one invocation, and prints one table of
 median step times and peak memory with the Python/C++ ratio.
 
+With --ddp it runs ResNet-50 fp16 channels-last instead, data-parallel on 1
+and 2 GPUs (torchrun --standalone): lamp's example with --ddp next to
+torch.nn.parallel.DistributedDataParallel (resnet50_amp.py --ddp), batch per
+GPU, and prints global images/s and the scaling over GPUs.
+
 Usage: python3 benchmarks/compare.py [--build-dir build] [--no-build]
            [--steps 100] [--quick] [--markdown]
+       python3 benchmarks/compare.py --ddp [--gpus 1,2]
+           [--ddp-batch-sizes 256,64] [--steps 100] [--markdown]
 """
 
 import argparse
@@ -15,6 +22,11 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Set for every child. NOTE: NVLink multicast (NVLS) stays off: on shared
+# multi-GPU hosts a program using it can take the GPUs out of service.
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+             "NVSHMEM_DISABLE_NVLS": "1"}
 
 # (model, precision, batch, channels_last)
 CASES = [
@@ -31,9 +43,12 @@ CASES = [
 
 def run(command):
     print("$", " ".join(command), file=sys.stderr, flush=True)
-    out = subprocess.run(command, check=True, capture_output=True, text=True,
-                         cwd=ROOT).stdout
-    return out
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **CHILD_ENV})
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise subprocess.CalledProcessError(done.returncode, command)
+    return done.stdout
 
 
 def summary_from_jsonl(path):
@@ -76,6 +91,60 @@ def step_ms(summary):
     return summary.get("median_step_ms", summary.get("ms_per_step"))
 
 
+def torchrun(gpus):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={gpus}"]
+
+
+def ddp_case(build, gpus, batch, args):
+    """Global images/s of lamp and of Python DDP on `gpus` GPUs."""
+    flags = ["--ddp", "--precision", "fp16", "--channels-last", "--batch-size",
+             str(batch), "--steps", str(args.steps), "--warmup", "10"]
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as metrics:
+        run(torchrun(gpus) + ["--no-python", f"{build}/examples/resnet50_amp",
+                              "--device", "cuda", "--metrics", metrics.name]
+            + flags)
+        cpp = summary_from_jsonl(metrics.name)
+    out = run(torchrun(gpus) + ["benchmarks/resnet50_amp.py"] + flags)
+    py = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    return cpp["images_per_s"], py["images_per_s"]
+
+
+def ddp_rows(args):
+    import torch  # only here: the children need it anyway
+
+    available = torch.cuda.device_count()
+    gpus = [n for n in args.gpus if n <= available]
+    for n in sorted(set(args.gpus) - set(gpus)):
+        print(f"note: skipping {n} GPUs, this host has {available}",
+              file=sys.stderr)
+    ips = {(b, n): ddp_case(args.build_dir, n, b, args)
+           for b in args.ddp_batch_sizes for n in gpus}
+
+    def scaling(b, n, side):
+        one = ips.get((b, 1))
+        return f"{100 * ips[b, n][side] / (n * one[side]):.1f} %" if one else ""
+
+    header = ("per-GPU batch", "GPUs", "lamp img/s", "Python img/s",
+              "lamp/Python", "lamp scaling", "Python scaling")
+    lines = [(str(b), str(n), f"{ips[b, n][0]:,.0f}", f"{ips[b, n][1]:,.0f}",
+              f"{ips[b, n][0] / ips[b, n][1]:.2f}x", scaling(b, n, 0),
+              scaling(b, n, 1)) for b, n in ips]
+    return header, lines
+
+
+def print_table(header, lines, markdown):
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + " --- |" * len(header))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+        for line in [header] + lines:
+            print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
@@ -84,6 +153,13 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="bs64 cases only")
     p.add_argument("--markdown", action="store_true")
+    ints = lambda s: [int(x) for x in s.split(",")]
+    p.add_argument("--ddp", action="store_true",
+                   help="ResNet-50 fp16 channels-last DDP on 1 and 2 GPUs")
+    p.add_argument("--gpus", type=ints, default=[1, 2],
+                   help="with --ddp: GPU counts (default 1,2)")
+    p.add_argument("--ddp-batch-sizes", type=ints, default=[256, 64],
+                   help="with --ddp: batch sizes per GPU (default 256,64)")
     args = p.parse_args()
     if not args.no_build:
         if not os.path.exists(os.path.join(args.build_dir, "CMakeCache.txt")):
@@ -91,6 +167,9 @@ def main():
                  "-DCMAKE_BUILD_TYPE=Release"])
         run(["cmake", "--build", args.build_dir, "--target", "resnet50_amp",
              "mlp_amp"])
+    if args.ddp:
+        print_table(*ddp_rows(args), args.markdown)
+        return
     cases = [c for c in CASES if not (args.quick and c[2] > 64)]
     rows = []
     for model, precision, batch, channels_last in cases:
@@ -110,15 +189,7 @@ def main():
                       f"{step_ms(py) / step_ms(cpp):.2f}x",
                       f"{cpp.get('peak_memory_bytes', 0) / 2**30:.2f}",
                       f"{py.get('peak_memory_bytes', 0) / 2**30:.2f}", amp))
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + " --- |" * len(header))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-        for line in [header] + lines:
-            print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+    print_table(header, lines, args.markdown)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #pragma once
 
-// Helpers shared by lamp's examples: device and precision flags, timing,
-// peak memory, JSON-lines metrics.
+// Helpers shared by lamp's examples: device and precision flags, `--ddp`,
+// timing, peak memory, JSON-lines metrics.
 
 #include <lamp/config.h>
+#include <lamp/distributed.h>
 
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -52,6 +54,37 @@ inline std::optional<torch::Device> pick_device(const std::string& flag) {
   }
   return torch::Device(
       flag == "cpu" || (flag == "auto" && !cuda) ? torch::kCPU : torch::kCUDA);
+}
+
+/// The device of a `--ddp` run: the process group's, `cuda:<local_rank>`.
+/// `--device cpu` is honoured in a world of one (a plain run without
+/// torchrun) and rejected (`c10::Error`) with more processes. Empty when `flag`
+/// asks for CUDA and there is none.
+inline std::optional<torch::Device> ddp_device(
+    const lamp::dist::ProcessGroup& pg,
+    const std::string& flag) {
+  if (flag == "cpu") {
+    TORCH_CHECK(
+        pg.world_size() == 1,
+        "--device cpu with --ddp over ",
+        pg.world_size(),
+        " processes: lamp's DDP trains on one CUDA device a process (NCCL); "
+        "drop --device, or run without torchrun for a world of one");
+    return torch::Device(torch::kCPU);
+  }
+  if (flag == "cuda" && !pg.device().is_cuda()) {
+    return std::nullopt;
+  }
+  return pg.device();
+}
+
+/// Rank and world size of a run; a run without `--ddp` (null `pg`) is rank 0
+/// of 1.
+inline int64_t rank(const std::shared_ptr<lamp::dist::ProcessGroup>& pg) {
+  return pg ? pg->rank() : 0;
+}
+inline int64_t world_size(const std::shared_ptr<lamp::dist::ProcessGroup>& pg) {
+  return pg ? pg->world_size() : 1;
 }
 
 inline void synchronize(const torch::Device& device) {

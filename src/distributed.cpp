@@ -915,26 +915,61 @@ struct DistributedDataParallel::Impl {
       if (comm_dtype != first.scalar_type()) {
         bucket.comm = at::empty({numel}, first.options().dtype(comm_dtype));
       }
-      // NOTE: views made below the autograd/view-tracking layer are plain
-      // aliases, so that `.grad` may be one of them and LibTorch's
-      // zero_grad() (which detach_()es the gradient) still works.
-      at::AutoDispatchBelowADInplaceOrView no_view_tracking;
-      int64_t offset = 0;
       for (auto k : indices) {
-        const auto& p = params[k];
         locate[k] = {buckets.size(), bucket.views.size()};
-        bucket.views.push_back(
-            p.is_non_overlapping_and_dense()
-                ? bucket.flat.as_strided(p.sizes(), p.strides(), offset)
-                : bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
-        offset += p.numel();
+        bucket.views.push_back(params[k]);
       }
+      bucket.views = views_into(bucket.flat, bucket.views);
       bucket.params = indices;
       bucket.pending = indices.size();
       buckets.push_back(std::move(bucket));
     }
     ready.assign(params.size(), 0);
     used.assign(params.size(), 0);
+
+    // Buffers travel in one flat tensor per dtype, as PyTorch coalesces
+    // them: a hundred small broadcasts cost more than one big one.
+    if (options.broadcast_buffers()) {
+      for (const auto& buffer : buffers) {
+        auto it = std::find_if(
+            buffer_groups.begin(), buffer_groups.end(), [&](const auto& g) {
+              return g.flat.scalar_type() == buffer.scalar_type();
+            });
+        if (it == buffer_groups.end()) {
+          buffer_groups.push_back({at::empty({0}, buffer.options())});
+          it = buffer_groups.end() - 1;
+        }
+        it->buffers.push_back(buffer);
+      }
+      for (auto& group : buffer_groups) {
+        int64_t numel = 0;
+        for (const auto& buffer : group.buffers) {
+          numel += buffer.numel();
+        }
+        group.flat = at::empty({numel}, group.flat.options());
+        group.views = views_into(group.flat, group.buffers);
+      }
+    }
+  }
+
+  // Views of `flat`, back to back, shaped (and strided) like `like`.
+  static std::vector<torch::Tensor> views_into(
+      const torch::Tensor& flat,
+      const std::vector<torch::Tensor>& like) {
+    // NOTE: views made below the autograd/view-tracking layer are plain
+    // aliases, so that `.grad` may be one of them and LibTorch's
+    // zero_grad() (which detach_()es the gradient) still works.
+    at::AutoDispatchBelowADInplaceOrView no_view_tracking;
+    std::vector<torch::Tensor> views;
+    int64_t offset = 0;
+    for (const auto& t : like) {
+      views.push_back(
+          t.is_non_overlapping_and_dense()
+              ? flat.as_strided(t.sizes(), t.strides(), offset)
+              : flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+    return views;
   }
 
   void register_hooks() {
@@ -1084,7 +1119,7 @@ struct DistributedDataParallel::Impl {
     if (!grads.empty()) {
       at::_foreach_copy_(grads, views);
     }
-    if (options.broadcast_buffers() && !buffers.empty()) {
+    if (!buffer_groups.empty()) {
       broadcast_buffers(current);
     }
     reset();
@@ -1115,7 +1150,20 @@ struct DistributedDataParallel::Impl {
   void broadcast_buffers(const c10::cuda::CUDAStream& current) {
     buffers_ready.record(current);
     buffers_ready.block(*comm_stream);
-    pg->broadcast(buffers, 0, *comm_stream);
+    c10::cuda::CUDAStreamGuard on_comm(*comm_stream);
+    std::vector<torch::Tensor> flats;
+    for (auto& group : buffer_groups) {
+      if (pg->rank() == 0) {
+        at::_foreach_copy_(group.views, group.buffers);
+      }
+      flats.push_back(group.flat);
+    }
+    pg->broadcast(flats, 0, *comm_stream);
+    if (pg->rank() != 0) {
+      for (auto& group : buffer_groups) {
+        at::_foreach_copy_(group.buffers, group.views);
+      }
+    }
     buffers_done.record(*comm_stream);
     buffers_done.block(current);
   }
@@ -1127,6 +1175,12 @@ struct DistributedDataParallel::Impl {
   std::vector<torch::Tensor> params; // those that require grad, in order
   std::vector<torch::Tensor> buffers;
   std::vector<Bucket> buckets;
+  struct BufferGroup {
+    torch::Tensor flat; // one dtype's buffers, back to back
+    std::vector<torch::Tensor> buffers;
+    std::vector<torch::Tensor> views; // of `flat`, one a buffer
+  };
+  std::vector<BufferGroup> buffer_groups;
   std::vector<std::pair<size_t, size_t>> locate; // param -> (bucket, slot)
   std::vector<char> ready; // gradient seen this backward
   std::vector<char> used; // ditto, for find_unused_parameters

@@ -2,6 +2,11 @@
 // precision (lamp): fp16 + lamp::GradScaler on CUDA, bf16 on the CPU, fp32 to
 // compare. Reports the train loss per epoch and the test accuracy.
 //
+// With --ddp, data-parallel over the processes torchrun starts (one GPU
+// each): every rank trains on its own shard of the training set, batch
+// --batch-size each, and evaluates the whole test set.
+//   torchrun --no-python --nproc_per_node=2 mlp_amp --ddp
+//
 // The data are the gzip IDX files of the Debian package dataset-fashion-mnist
 // (/usr/share/datasets/fashion-mnist), read with zlib.
 //
@@ -19,6 +24,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,6 +45,7 @@ struct Options {
   double lr = 1e-3;
   int64_t seed = 0;
   int64_t log_every = 100;
+  bool ddp = false;
   std::string metrics;
   double min_accuracy = 0;
   double max_accuracy_gap = 1;
@@ -139,15 +147,19 @@ struct Result {
   double accuracy = 0;
   double final_loss = 0;
   double ms_per_step = 0;
+  double images_per_s = 0;
   double final_scale = 1;
 };
 
 Result train(
     const Options& opt,
     const torch::Device& device,
+    const std::shared_ptr<lamp::dist::ProcessGroup>& pg,
     const examples::Precision& precision,
     const Data& data,
     examples::JsonLines& metrics) {
+  const bool print = examples::rank(pg) == 0;
+  const int64_t world_size = examples::world_size(pg);
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   torch::nn::Sequential model(
@@ -155,6 +167,11 @@ Result train(
       torch::nn::ReLU(),
       torch::nn::Linear(512, 10));
   model->to(device);
+  // NOTE: declared after the model, so destroyed (hooks removed) before it.
+  std::optional<lamp::DistributedDataParallel> ddp;
+  if (pg) {
+    ddp.emplace(model.ptr(), pg);
+  }
   lamp::optim::FusedAdam optimizer(
       model->parameters(), torch::optim::AdamOptions(opt.lr));
   lamp::GradScaler scaler(
@@ -178,14 +195,21 @@ Result train(
   };
 
   Result result{precision.name};
-  const int64_t n = data.train_x.size(0);
+  const int64_t n = data.train_x.size(0) / world_size; // samples per rank
   const int64_t total_steps =
       opt.epochs * ((n + opt.batch_size - 1) / opt.batch_size);
   int64_t step = 0;
   double total_ms = 0;
   for (int64_t epoch = 1; epoch <= opt.epochs; ++epoch) {
+    // NOTE: as torch.utils.data.DistributedSampler(drop_last=True): all
+    // ranks draw the same permutation (same seed, same random calls so far)
+    // and each takes every world_size-th index from its rank on, so the
+    // shards are disjoint and every rank takes the same number of steps.
     const auto order =
-        torch::randperm(n, torch::TensorOptions(device).dtype(torch::kLong));
+        torch::randperm(
+            data.train_x.size(0),
+            torch::TensorOptions(device).dtype(torch::kLong))
+            .slice(0, examples::rank(pg), n * world_size, world_size);
     auto loss_sum = torch::zeros({}, torch::TensorOptions(device));
     int64_t batches = 0;
     examples::synchronize(device);
@@ -224,18 +248,24 @@ Result train(
                           std::chrono::steady_clock::now() - start)
                           .count();
     total_ms += ms;
+    if (world_size > 1) {
+      pg->allreduce(loss_sum, lamp::dist::ReduceOp::kAvg); // over all shards
+    }
     result.final_loss = loss_sum.item<double>() / batches;
+    // NOTE: every rank evaluates the whole test set: the replicas are equal.
     result.accuracy = accuracy();
-    std::printf(
-        "[%s] epoch %2lld  train loss %.4f  test accuracy %.2f%%  %.3f "
-        "ms/step  scale %g\n",
-        precision.name.c_str(),
-        static_cast<long long>(epoch),
-        result.final_loss,
-        100 * result.accuracy,
-        ms / batches,
-        scaler.get_scale());
-    std::fflush(stdout);
+    if (print) {
+      std::printf(
+          "[%s] epoch %2lld  train loss %.4f  test accuracy %.2f%%  %.3f "
+          "ms/step  scale %g\n",
+          precision.name.c_str(),
+          static_cast<long long>(epoch),
+          result.final_loss,
+          100 * result.accuracy,
+          ms / batches,
+          scaler.get_scale());
+      std::fflush(stdout);
+    }
     metrics.write(
         {{"kind", std::string("epoch")},
          {"model", std::string("mlp")},
@@ -246,15 +276,18 @@ Result train(
          {"test_accuracy", result.accuracy}});
   }
   result.ms_per_step = total_ms / step;
+  result.images_per_s = world_size * n * opt.epochs * 1000.0 / total_ms;
   result.final_scale = scaler.get_scale();
   metrics.write(
       {{"kind", std::string("summary")},
        {"model", std::string("mlp")},
        {"precision", precision.name},
        {"device", device.str()},
+       {"world_size", world_size},
        {"batch_size", opt.batch_size},
        {"epochs", opt.epochs},
        {"ms_per_step", result.ms_per_step},
+       {"images_per_s", result.images_per_s},
        {"test_accuracy", result.accuracy},
        {"peak_memory_bytes", examples::peak_memory_bytes(device)},
        {"final_loss", result.final_loss},
@@ -292,6 +325,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", opt.log_every, "steps between metrics lines")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_flag(
+      "--ddp",
+      opt.ddp,
+      "data-parallel over torchrun's processes, one GPU each (a world of "
+      "one without torchrun); --batch-size is per GPU");
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
   app.add_option(
          "--min-accuracy",
@@ -306,7 +344,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
-  const auto device = examples::pick_device(opt.device);
+  std::shared_ptr<lamp::dist::ProcessGroup> pg;
+  std::optional<torch::Device> device;
+  try {
+    if (opt.ddp) {
+      pg = lamp::dist::init_process_group();
+    }
+    device = pg ? examples::ddp_device(*pg, opt.device)
+                : examples::pick_device(opt.device);
+  } catch (const c10::Error& e) {
+    std::cerr << "mlp_amp: " << e.what_without_backtrace() << "\n";
+    return 2;
+  }
   if (!device) {
     std::cerr << "mlp_amp: --device cuda but no CUDA device is available\n";
     return examples::kSkip;
@@ -325,51 +374,77 @@ int main(int argc, char** argv) {
     std::cerr << "mlp_amp: " << e.what() << "\n";
     return 2;
   }
-  std::cout << lamp::build_info() << "\n"
-            << "mlp_amp: MLP 784-512-10 on Fashion-MNIST ("
-            << data.train_x.size(0) << " train, " << data.test_x.size(0)
-            << " test images) on " << *device << ", batch " << opt.batch_size
-            << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << "\n";
-  examples::JsonLines metrics(opt.metrics);
+  const bool print = examples::rank(pg) == 0;
+  if (print) {
+    std::cout << lamp::build_info() << "\n"
+              << "mlp_amp: MLP 784-512-10 on Fashion-MNIST ("
+              << data.train_x.size(0) << " train, " << data.test_x.size(0)
+              << " test images) on " << *device << ", batch " << opt.batch_size
+              << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << "\n";
+    if (pg) {
+      std::cout << "mlp_amp: DDP over " << pg->world_size()
+                << " processes, each on its shard of "
+                << data.train_x.size(0) / pg->world_size()
+                << " train images, batch " << opt.batch_size << " each\n";
+    }
+  }
+  // NOTE: only rank 0 writes metrics and prints.
+  examples::JsonLines metrics(print ? opt.metrics : "");
   std::vector<Result> results;
   for (const auto& name : names) {
     results.push_back(
-        train(opt, *device, examples::precision(name), data, metrics));
+        train(opt, *device, pg, examples::precision(name), data, metrics));
   }
 
-  std::printf(
-      "\n%-9s %14s %12s %11s %10s\n",
-      "precision",
-      "test accuracy",
-      "train loss",
-      "ms/step",
-      "scale");
+  if (print && pg) {
+    std::printf(
+        "\n%s: %lld (DDP)",
+        device->is_cuda() ? "GPUs" : "processes",
+        static_cast<long long>(pg->world_size()));
+  }
+  if (print) {
+    std::printf(
+        "\n%-9s %14s %12s %11s %10s\n",
+        "precision",
+        "test accuracy",
+        "train loss",
+        "ms/step",
+        "scale");
+  }
+  // NOTE: every rank checks (the replicas are equal, so they agree) and
+  // exits with the same status; rank 0 says why.
   bool ok = true;
   for (const auto& r : results) {
-    std::printf(
-        "%-9s %13.2f%% %12.4f %11.3f %10g\n",
-        r.precision.c_str(),
-        100 * r.accuracy,
-        r.final_loss,
-        r.ms_per_step,
-        r.final_scale);
-    if (r.accuracy < opt.min_accuracy) {
-      std::fprintf(
-          stderr,
-          "mlp_amp: FAILED: %s accuracy %.4f < --min-accuracy %.4f\n",
+    if (print) {
+      std::printf(
+          "%-9s %13.2f%% %12.4f %11.3f %10g\n",
           r.precision.c_str(),
-          r.accuracy,
-          opt.min_accuracy);
+          100 * r.accuracy,
+          r.final_loss,
+          r.ms_per_step,
+          r.final_scale);
+    }
+    if (r.accuracy < opt.min_accuracy) {
+      if (print) {
+        std::fprintf(
+            stderr,
+            "mlp_amp: FAILED: %s accuracy %.4f < --min-accuracy %.4f\n",
+            r.precision.c_str(),
+            r.accuracy,
+            opt.min_accuracy);
+      }
       ok = false;
     }
     if (results.front().precision == "fp32" &&
         std::abs(r.accuracy - results.front().accuracy) >
             opt.max_accuracy_gap) {
-      std::fprintf(
-          stderr,
-          "mlp_amp: FAILED: %s accuracy is %.2f points from fp32's\n",
-          r.precision.c_str(),
-          100 * std::abs(r.accuracy - results.front().accuracy));
+      if (print) {
+        std::fprintf(
+            stderr,
+            "mlp_amp: FAILED: %s accuracy is %.2f points from fp32's\n",
+            r.precision.c_str(),
+            100 * std::abs(r.accuracy - results.front().accuracy));
+      }
       ok = false;
     }
   }

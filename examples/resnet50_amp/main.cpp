@@ -3,6 +3,9 @@
 // cross-entropy over 1000 classes; fp32, fp16 (with lamp::GradScaler) and
 // bf16 autocast, compared in one table: median step time, images/s, peak
 // device memory, final loss and scale, speed-up and memory against fp32.
+// With --ddp, data-parallel over the processes torchrun starts (one GPU
+// each, --batch-size per GPU, images/s over all GPUs):
+//   torchrun --no-python --nproc_per_node=2 resnet50_amp --ddp --precision fp16
 //
 //   resnet50_amp                                  # all precisions, batch 64,
 //   224x224 on CUDA resnet50_amp --precision fp16 --batch-size 256
@@ -17,6 +20,8 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,7 @@ struct Options {
   int64_t image_size = 0; // 0: 224 on CUDA, 64 on the CPU
   int64_t log_every = 10;
   bool channels_last = false;
+  bool ddp = false;
   double lr = 1e-4;
   int64_t seed = 0;
   std::string metrics;
@@ -60,14 +66,25 @@ void to_channels_last(torch::nn::Module& model) {
 Result train(
     const Options& opt,
     const torch::Device& device,
+    const std::shared_ptr<lamp::dist::ProcessGroup>& pg,
     const examples::Precision& precision,
     examples::JsonLines& metrics) {
+  const bool print = examples::rank(pg) == 0;
+  const int64_t world_size = examples::world_size(pg);
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   resnet::ResNet50 model;
   model->to(device);
   if (opt.channels_last) {
     to_channels_last(*model);
+  }
+  // NOTE: declared after the model, so destroyed (hooks removed) before it.
+  std::optional<lamp::DistributedDataParallel> ddp;
+  if (pg) {
+    ddp.emplace(model.ptr(), pg);
+    // NOTE: each rank trains on its own data (the model is the same on all:
+    // DDP broadcast rank 0's).
+    torch::manual_seed(opt.seed + pg->rank());
   }
   lamp::optim::FusedAdam optimizer(
       model->parameters(), torch::optim::AdamOptions(opt.lr));
@@ -110,15 +127,17 @@ Result train(
     if (timed >= 1 && (timed % opt.log_every == 0 || timed == opt.steps)) {
       const double l = loss.item<double>();
       const double s = scaler.get_scale();
-      const double ips = opt.batch_size * 1000.0 / ms;
-      std::printf(
-          "[%s] step %4lld  loss %.4f  scale %-8g %8.1f images/s\n",
-          precision.name.c_str(),
-          static_cast<long long>(timed),
-          l,
-          s,
-          ips);
-      std::fflush(stdout);
+      const double ips = world_size * opt.batch_size * 1000.0 / ms;
+      if (print) {
+        std::printf(
+            "[%s] step %4lld  loss %.4f  scale %-8g %8.1f images/s\n",
+            precision.name.c_str(),
+            static_cast<long long>(timed),
+            l,
+            s,
+            ips);
+        std::fflush(stdout);
+      }
       metrics.write(
           {{"kind", std::string("step")},
            {"model", std::string("resnet50")},
@@ -131,7 +150,7 @@ Result train(
     }
   }
   result.median_ms = examples::median(step_ms);
-  result.images_per_s = opt.batch_size * 1000.0 / result.median_ms;
+  result.images_per_s = world_size * opt.batch_size * 1000.0 / result.median_ms;
   result.peak_bytes = examples::peak_memory_bytes(device);
   result.final_loss = loss.item<double>();
   result.final_scale = scaler.get_scale();
@@ -140,6 +159,7 @@ Result train(
        {"model", std::string("resnet50")},
        {"precision", precision.name},
        {"device", device.str()},
+       {"world_size", world_size},
        {"batch_size", opt.batch_size},
        {"image_size", opt.image_size},
        {"channels_last", opt.channels_last},
@@ -176,6 +196,11 @@ int main(int argc, char** argv) {
   app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
       ->check(CLI::Range(32, 1024));
   app.add_flag("--channels-last", opt.channels_last, "NHWC memory format");
+  app.add_flag(
+      "--ddp",
+      opt.ddp,
+      "data-parallel over torchrun's processes, one GPU each (a world of "
+      "one without torchrun); --batch-size is per GPU");
   app.add_option("--lr", opt.lr, "Adam learning rate")->capture_default_str();
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between progress lines")
@@ -184,14 +209,26 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
   CLI11_PARSE(app, argc, argv);
 
-  const auto device = examples::pick_device(opt.device);
+  std::shared_ptr<lamp::dist::ProcessGroup> pg;
+  std::optional<torch::Device> device;
+  try {
+    if (opt.ddp) {
+      pg = lamp::dist::init_process_group();
+    }
+    device = pg ? examples::ddp_device(*pg, opt.device)
+                : examples::pick_device(opt.device);
+  } catch (const c10::Error& e) {
+    std::cerr << "resnet50_amp: " << e.what_without_backtrace() << "\n";
+    return 2;
+  }
   if (!device) {
     std::cerr
         << "resnet50_amp: --device cuda but no CUDA device is available\n";
     return examples::kSkip;
   }
   const bool cuda = device->is_cuda();
-  if (!cuda) {
+  const bool print = examples::rank(pg) == 0;
+  if (!cuda && print) {
     std::cout << "resnet50_amp: no GPU in use: a small CPU run (bf16 "
                  "autocast, batch 4, 64x64, 5 steps unless flags say "
                  "otherwise)\n";
@@ -217,16 +254,27 @@ int main(int argc, char** argv) {
   if (opt.precision == "all") {
     names = {"fp32", "fp16", "bf16"};
   }
-  std::cout << lamp::build_info() << "\n"
-            << "resnet50_amp: batch " << opt.batch_size << ", "
-            << opt.image_size << "x" << opt.image_size
-            << (opt.channels_last ? ", channels-last" : ", NCHW") << ", "
-            << opt.steps << " steps (+" << opt.warmup << " warm-up) on "
-            << *device << "\n";
-  examples::JsonLines metrics(opt.metrics);
+  if (print) {
+    std::cout << lamp::build_info() << "\n"
+              << "resnet50_amp: batch " << opt.batch_size << ", "
+              << opt.image_size << "x" << opt.image_size
+              << (opt.channels_last ? ", channels-last" : ", NCHW") << ", "
+              << opt.steps << " steps (+" << opt.warmup << " warm-up) on "
+              << *device << "\n";
+    if (pg) {
+      std::cout << "resnet50_amp: DDP over " << pg->world_size()
+                << " processes, batch " << opt.batch_size << " each\n";
+    }
+  }
+  // NOTE: only rank 0 writes metrics and prints.
+  examples::JsonLines metrics(print ? opt.metrics : "");
   std::vector<Result> results;
   for (const auto& name : names) {
-    results.push_back(train(opt, *device, examples::precision(name), metrics));
+    results.push_back(
+        train(opt, *device, pg, examples::precision(name), metrics));
+  }
+  if (!print) {
+    return 0;
   }
 
   const Result* fp32 = nullptr;
@@ -234,6 +282,12 @@ int main(int argc, char** argv) {
     if (r.precision.name == "fp32") {
       fp32 = &r;
     }
+  }
+  if (pg) {
+    std::printf(
+        "\n%s: %lld (DDP; images/s over all of them)",
+        cuda ? "GPUs" : "processes",
+        static_cast<long long>(pg->world_size()));
   }
   std::printf(
       "\n%-9s %10s %10s %10s %10s %10s %9s %9s\n",
