@@ -6,6 +6,7 @@
 #include <lamp/config.h>
 #include <lamp/distributed.h>
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #if LAMP_WITH_CUDA
@@ -86,6 +87,28 @@ inline int64_t rank(const std::shared_ptr<lamp::dist::ProcessGroup>& pg) {
 inline int64_t world_size(const std::shared_ptr<lamp::dist::ProcessGroup>& pg) {
   return pg ? pg->world_size() : 1;
 }
+
+/// A Chrome trace (chrome://tracing, ui.perfetto.dev) of the CPU ops and
+/// CUDA kernels run between `start()` and `stop()`, from LibTorch's Kineto
+/// profiler; `stop()` writes it to `path`.
+class Trace {
+ public:
+  explicit Trace(std::string path) : path_(std::move(path)) {}
+  void start() {
+    namespace impl = torch::profiler::impl;
+    const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+    const std::set<impl::ActivityType> activities{
+        impl::ActivityType::CPU, impl::ActivityType::CUDA};
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+  void stop() {
+    torch::autograd::profiler::disableProfiler()->save(path_);
+  }
+
+ private:
+  std::string path_;
+};
 
 inline void synchronize(const torch::Device& device) {
   if (device.is_cuda()) {

@@ -30,7 +30,8 @@ struct Args {
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
   bool no_sync = false; // accumulate two micro-batches, the first unsynced
-  bool local = false; // never average: every backward under no_sync
+  bool local = false; // --local-sgd: never average, backward under no_sync
+  bool fp32 = false; // no autocast, no loss scaling
   bool unused = false; // a parameter used every other step, one never
   bool grad_view = false; // gradient_as_bucket_view + zero_grad(false)
   bool batch_norm = false;
@@ -75,10 +76,11 @@ Args parse(int argc, char** argv) {
   take("bucket-cap-mb", a.bucket_cap_mb);
   take("first-bucket-cap-mb", a.first_bucket_cap_mb);
   take("no-sync", a.no_sync);
-  take("local", a.local);
+  take("local-sgd", a.local);
   take("unused", a.unused);
   take("grad-view", a.grad_view);
   take("batch-norm", a.batch_norm);
+  take("fp32", a.fp32);
   take("comm-dtype", a.comm_dtype);
   take("inject-rank", a.inject_rank);
   take("inject-step", a.inject_step);
@@ -126,9 +128,10 @@ struct Data {
 
 Data make_data(const Args& a, int64_t world) {
   torch::manual_seed(1234);
-  Data d{
-      torch::randn({a.steps, world * a.batch, 32}),
-      torch::randint(0, 10, {a.steps, world * a.batch}, torch::kLong)};
+  // Labels from a fixed random teacher, so that there is something to learn.
+  const auto x = torch::randn({a.steps, world * a.batch, 32});
+  const auto teacher = torch::randn({32, 10});
+  Data d{x, x.matmul(teacher).argmax(-1)};
   if (a.inject_rank >= 0) {
     d.x[a.inject_step][a.inject_rank * a.batch][0] =
         std::numeric_limits<float>::infinity();
@@ -153,6 +156,7 @@ History train(
   lamp::optim::FusedSGD optimizer(
       net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   lamp::GradScaler scaler(lamp::GradScalerOptions()
+                              .enabled(!a.fp32)
                               .init_scale(1024)
                               .growth_interval(4)
                               .process_group(scaler_pg));
@@ -170,7 +174,7 @@ History train(
       }
       torch::Tensor loss;
       {
-        lamp::AutocastGuard autocast(torch::kCUDA);
+        lamp::AutocastGuard autocast(torch::kCUDA, torch::kHalf, !a.fp32);
         loss = torch::nn::functional::cross_entropy(
                    net->forward(x.chunk(micro)[m], s), y.chunk(micro)[m]) /
             micro;

@@ -40,6 +40,10 @@ struct Options {
   int64_t log_every = 10;
   bool channels_last = false;
   bool ddp = false;
+  double bucket_cap_mb = 25;
+  bool grad_as_bucket_view = false;
+  bool no_broadcast_buffers = false;
+  std::string trace;
   double lr = 1e-4;
   int64_t seed = 0;
   std::string metrics;
@@ -81,7 +85,13 @@ Result train(
   // NOTE: declared after the model, so destroyed (hooks removed) before it.
   std::optional<lamp::DistributedDataParallel> ddp;
   if (pg) {
-    ddp.emplace(model.ptr(), pg);
+    ddp.emplace(
+        model.ptr(),
+        pg,
+        lamp::DDPOptions()
+            .bucket_cap_mb(opt.bucket_cap_mb)
+            .gradient_as_bucket_view(opt.grad_as_bucket_view)
+            .broadcast_buffers(!opt.no_broadcast_buffers));
     // NOTE: each rank trains on its own data (the model is the same on all:
     // DDP broadcast rank 0's).
     torch::manual_seed(opt.seed + pg->rank());
@@ -104,8 +114,18 @@ Result train(
   Result result{precision};
   std::vector<double> step_ms;
   torch::Tensor loss;
+  std::optional<examples::Trace> trace;
+  const int64_t traced_steps = 5;
   for (int64_t step = 1; step <= opt.warmup + opt.steps; ++step) {
     examples::synchronize(device);
+    if (!opt.trace.empty() &&
+        step == opt.warmup + std::max<int64_t>(1, opt.steps - traced_steps)) {
+      trace.emplace(
+          opt.trace + "." + precision.name +
+          (pg ? ".rank" + std::to_string(pg->rank()) : std::string()) +
+          ".json");
+      trace->start();
+    }
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     {
@@ -148,6 +168,9 @@ Result train(
            {"step_ms", ms},
            {"images_per_s", ips}});
     }
+  }
+  if (trace) {
+    trace->stop();
   }
   result.median_ms = examples::median(step_ms);
   result.images_per_s = world_size * opt.batch_size * 1000.0 / result.median_ms;
@@ -207,6 +230,22 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
+  app.add_option(
+         "--bucket-cap-mb", opt.bucket_cap_mb, "--ddp: gradient bucket size")
+      ->capture_default_str();
+  app.add_flag(
+      "--grad-as-bucket-view",
+      opt.grad_as_bucket_view,
+      "--ddp: gradients are views into the buckets");
+  app.add_flag(
+      "--no-broadcast-buffers",
+      opt.no_broadcast_buffers,
+      "--ddp: keep each rank's BatchNorm statistics");
+  app.add_option(
+      "--trace",
+      opt.trace,
+      "write a Chrome trace of the last 5 steps to "
+      "TRACE.<precision>[.rank<R>].json");
   CLI11_PARSE(app, argc, argv);
 
   std::shared_ptr<lamp::dist::ProcessGroup> pg;
