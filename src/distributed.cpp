@@ -259,7 +259,7 @@ const char* op_name(ReduceOp op) {
 
 // The communicator and its watchdog. `mutex` serialises every NCCL call on
 // `comm` with the watchdog's abort; collectives hold it only while they are
-// enqueued (non-blocking communicator), never while they run.
+// enqueued, never while they run on the device.
 struct ProcessGroup::Impl {
   struct Pending {
     cudaEvent_t event;
@@ -504,10 +504,14 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
         "; do all ranks use the same NCCL version?");
     std::copy(bytes.begin(), bytes.end(), reinterpret_cast<uint8_t*>(&id));
   }
+  // NOTE: a blocking communicator: in non-blocking mode NCCL launches every
+  // collective from a helper thread and the caller waits for it, about
+  // 1-3 ms a collective on the H200 VMs, which stalls backward. Blocking
+  // set-up would hang if a rank never came, so every rank first meets at a
+  // store barrier, which times out.
+  barrier();
   ncclConfig_t nccl_config = NCCL_CONFIG_INITIALIZER;
-  // NOTE: non-blocking, so that a rank that never shows up makes set-up time
-  // out (and the communicator abortable) instead of hanging in NCCL.
-  nccl_config.blocking = 0;
+  nccl_config.blocking = 1;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     const auto result = ncclCommInitRankConfig(

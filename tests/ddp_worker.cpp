@@ -185,7 +185,8 @@ History train(
     scaler.step(optimizer);
     scaler.update();
     h.scale.push_back(scaler.get_scale());
-    h.found_inf.push_back(scaler.get_found_inf_async().item<double>());
+    const auto found_inf = scaler.get_found_inf_async();
+    h.found_inf.push_back(found_inf.defined() ? found_inf.item<double>() : 0);
     h.loss.push_back(loss_sum);
   }
   return h;
