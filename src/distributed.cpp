@@ -1132,6 +1132,15 @@ struct DistributedDataParallel::Impl {
   // Every rank's used-parameter map, combined (max) over ranks; one small
   // allreduce and a host sync, only with find_unused_parameters.
   std::vector<char> reduce_used_map() {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(
+        c10::cuda::getCurrentCUDAStream(pg->device().index()), &capturing));
+    TORCH_CHECK(
+        capturing == cudaStreamCaptureStatusNone,
+        "lamp::DistributedDataParallel: find_unused_parameters needs a host "
+        "sync every backward and cannot be captured in a CUDA graph; make "
+        "every parameter take part in the loss, or freeze the unused ones "
+        "(requires_grad(false)) before wrapping.");
     if (!used_host.defined()) {
       used_host = at::empty(
           {static_cast<int64_t>(params.size())},

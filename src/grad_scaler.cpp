@@ -1,5 +1,6 @@
 #include <lamp/grad_scaler.h>
 
+#include <lamp/config.h>
 #include <lamp/distributed.h>
 #include <lamp/optim.h>
 
@@ -11,6 +12,10 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/utils.h>
+
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -264,6 +269,18 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(
       !state->found_inf_per_device.empty(),
       "No inf checks were recorded for this optimizer.");
+#if LAMP_WITH_CUDA
+  for (const auto& [device, t] : state->found_inf_per_device) {
+    TORCH_CHECK(
+        !device.is_cuda() ||
+            c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
+                c10::cuda::CaptureStatus::None,
+        "lamp::GradScaler::step: a torch::optim optimizer inside CUDA graph "
+        "capture. Skipping its step needs found_inf on the host, which a "
+        "graph cannot capture; use lamp::optim::FusedAdam, FusedAdamW or "
+        "FusedSGD, which skip on the device.");
+  }
+#endif
   double found = 0.0;
   for (const auto& [device, t] : state->found_inf_per_device) {
     found += t.item<double>(); // host sync, as Python's _maybe_opt_step

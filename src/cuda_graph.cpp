@@ -1,0 +1,287 @@
+#include <lamp/cuda_graph.h>
+
+#include <lamp/config.h>
+#include <lamp/optim.h>
+
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#if LAMP_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <optional>
+#include <string>
+
+namespace lamp {
+
+struct GraphedStep::Impl {
+  Function step;
+  std::vector<torch::Tensor> inputs;
+  std::vector<torch::optim::Optimizer*> optimizers;
+  GraphedStepOptions options;
+  int64_t calls = 0;
+  std::vector<double> captured_lrs;
+  torch::Tensor loss; // the captured step's output
+#if LAMP_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> side;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+
+  std::vector<double> learning_rates() const {
+    std::vector<double> lrs;
+    for (const auto* optimizer : optimizers) {
+      for (const auto& group : optimizer->param_groups()) {
+        lrs.push_back(group.options().get_lr());
+      }
+    }
+    return lrs;
+  }
+
+#if LAMP_WITH_CUDA
+  // One eager step on the side stream, ordered after and before the
+  // caller's stream.
+  torch::Tensor warm_up() {
+    const auto current = c10::cuda::getCurrentCUDAStream();
+    c10::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(*side);
+    torch::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard on_side(*side);
+      out = step(inputs);
+    }
+    c10::cuda::CUDAEvent done;
+    done.record(*side);
+    done.block(current);
+    if (out.defined() && out.is_cuda()) {
+      out.record_stream(current);
+    }
+    return out;
+  }
+
+  void capture() {
+    // NOTE: as torch.cuda.graph: the capture starts from an idle device, so
+    // that the capturing stream needs no event from outside the capture.
+    torch::cuda::synchronize();
+    graph = std::make_unique<at::cuda::CUDAGraph>();
+    c10::cuda::CUDAStreamGuard on_side(*side);
+    graph->capture_begin();
+    try {
+      loss = step(inputs);
+    } catch (const std::exception& e) {
+      abandon_capture();
+      TORCH_CHECK(
+          false,
+          "lamp::GraphedStep: the step could not be captured in a CUDA "
+          "graph: ",
+          first_line(e.what()),
+          "\nA captured step must not synchronise with the host: no "
+          ".item(), .cpu(), printing of tensors, "
+          "torch::cuda::synchronize(), data-dependent shapes (nonzero, "
+          "masked_select) or DDP's find_unused_parameters inside it; read "
+          "the returned loss outside the step instead.");
+    }
+    try {
+      graph->capture_end();
+    } catch (const std::exception& e) {
+      abandon_capture();
+      TORCH_CHECK(
+          false,
+          "lamp::GraphedStep: capturing the step in a CUDA graph failed: ",
+          first_line(e.what()),
+          "\nSomething in the step synchronised with the host or used "
+          "another stream without ordering it after the capturing one.");
+    }
+    TORCH_CHECK(
+        loss.defined(),
+        "lamp::GraphedStep: the step returned an undefined tensor; return "
+        "the loss.");
+    captured_lrs = learning_rates();
+  }
+
+  // Leaves capture mode after a failed capture so that the stream and the
+  // caching allocator are usable again.
+  void abandon_capture() noexcept {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(*side, &partial) == cudaSuccess && partial) {
+      cudaGraphDestroy(partial);
+    }
+    (void)cudaGetLastError();
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(
+          side->device_index(), graph->pool());
+    } catch (...) { // NOLINT(bugprone-empty-catch): already ended
+    }
+    graph.reset();
+    loss = torch::Tensor();
+  }
+
+  static std::string first_line(const std::string& text) {
+    return text.substr(0, text.find('\n'));
+  }
+#endif
+};
+
+GraphedStep::GraphedStep(
+    Function step,
+    const std::vector<torch::Tensor>& example_inputs,
+    std::vector<torch::optim::Optimizer*> optimizers,
+    GraphedStepOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK(step, "lamp::GraphedStep: the step function is empty.");
+  TORCH_CHECK(
+      options.warmup_steps() >= 1,
+      "lamp::GraphedStepOptions::warmup_steps must be >= 1 (state such as "
+      "optimizer moments must exist before the capture), got ",
+      options.warmup_steps(),
+      ".");
+  TORCH_CHECK(
+      !optimizers.empty(),
+      "lamp::GraphedStep: pass the optimizer(s) the step uses, e.g. "
+      "{&optimizer}, so that they can be checked to be graph-safe.");
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    TORCH_CHECK(
+        optimizers[i] != nullptr,
+        "lamp::GraphedStep: optimizer #",
+        i,
+        " is null.");
+    TORCH_CHECK(
+        dynamic_cast<optim::FusedOptimizer*>(optimizers[i]) != nullptr,
+        "lamp::GraphedStep: optimizer #",
+        i,
+        " is not a lamp::optim::FusedOptimizer. torch::optim optimizers "
+        "keep their step count on the host (a replayed graph would repeat "
+        "the captured step's bias correction forever) and, under "
+        "GradScaler, read found_inf on the host, which a CUDA graph cannot "
+        "capture. Use lamp::optim::FusedAdam, FusedAdamW or FusedSGD (they "
+        "take the same options).");
+  }
+#if LAMP_WITH_CUDA
+  std::optional<c10::Device> device;
+  for (size_t i = 0; i < example_inputs.size(); ++i) {
+    const auto& t = example_inputs[i];
+    TORCH_CHECK(
+        t.defined() && t.is_cuda(),
+        "lamp::GraphedStep: example input #",
+        i,
+        " must be a CUDA tensor (CUDA graphs capture CUDA work); got ",
+        t.defined() ? t.device().str() : std::string("an undefined tensor"),
+        ".");
+    TORCH_CHECK(
+        !device || *device == t.device(),
+        "lamp::GraphedStep: example inputs on ",
+        *device,
+        " and ",
+        t.device(),
+        "; a graph runs on one device.");
+    device = t.device();
+    impl_->inputs.push_back(t.detach().clone(at::MemoryFormat::Preserve));
+  }
+  TORCH_CHECK(
+      torch::cuda::is_available(),
+      "lamp::GraphedStep: CUDA graphs need a CUDA device; none was found. "
+      "Call the step function directly instead.");
+  const auto index = device ? device->index()
+                            : c10::cuda::getCurrentCUDAStream().device_index();
+  impl_->side = c10::cuda::getStreamFromPool(false, index);
+#else
+  (void)example_inputs;
+  TORCH_CHECK(
+      false,
+      "lamp::GraphedStep: this lamp was built without CUDA "
+      "(LAMP_WITH_CUDA=OFF); call the step function directly instead.");
+#endif
+  impl_->step = std::move(step);
+  impl_->optimizers = std::move(optimizers);
+  impl_->options = options;
+}
+
+GraphedStep::~GraphedStep() = default;
+GraphedStep::GraphedStep(GraphedStep&&) noexcept = default;
+GraphedStep& GraphedStep::operator=(GraphedStep&&) noexcept = default;
+
+torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
+  auto& impl = *impl_;
+  TORCH_CHECK(
+      batch.size() == impl.inputs.size(),
+      "lamp::GraphedStep: got ",
+      batch.size(),
+      " input tensors, the step was set up with ",
+      impl.inputs.size(),
+      ".");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& in = batch[i];
+    const auto& fixed = impl.inputs[i];
+    TORCH_CHECK(
+        in.defined() && in.sizes() == fixed.sizes() &&
+            in.scalar_type() == fixed.scalar_type(),
+        "lamp::GraphedStep: input #",
+        i,
+        " is ",
+        in.defined() ? c10::toString(in.scalar_type()) : "undefined",
+        in.defined() ? in.sizes() : at::IntArrayRef{},
+        " but the step was set up with ",
+        c10::toString(fixed.scalar_type()),
+        fixed.sizes(),
+        ". A CUDA graph replays fixed shapes and dtypes: pad or drop a last "
+        "partial batch, or make one GraphedStep per shape.");
+    fixed.copy_(in, /*non_blocking=*/true);
+  }
+#if LAMP_WITH_CUDA
+  if (impl.calls < impl.options.warmup_steps()) {
+    ++impl.calls;
+    return impl.warm_up();
+  }
+  if (!impl.graph) {
+    impl.capture();
+  } else {
+    const auto lrs = impl.learning_rates();
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      TORCH_CHECK(
+          lrs[g] == impl.captured_lrs[g],
+          "lamp::GraphedStep: the learning rate of param group #",
+          g,
+          " changed from ",
+          impl.captured_lrs[g],
+          " to ",
+          lrs[g],
+          " after the step was captured; the graph would go on with the "
+          "old one. Call reset() after changing it (the next call captures "
+          "the step again).");
+    }
+  }
+  ++impl.calls;
+  impl.graph->replay();
+#endif
+  return impl.loss;
+}
+
+void GraphedStep::reset() {
+#if LAMP_WITH_CUDA
+  if (impl_->graph) {
+    torch::cuda::synchronize(); // the graph's memory may still be in use
+    impl_->graph.reset();
+  }
+#endif
+  impl_->loss = torch::Tensor();
+}
+
+bool GraphedStep::is_captured() const {
+#if LAMP_WITH_CUDA
+  return impl_->graph != nullptr;
+#else
+  return false;
+#endif
+}
+
+const std::vector<torch::Tensor>& GraphedStep::static_inputs() const {
+  return impl_->inputs;
+}
+
+} // namespace lamp

@@ -1,0 +1,280 @@
+#include <lamp/lamp.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "support.h"
+
+#if LAMP_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+using lamp::test::expect_error;
+
+TEST(GraphedStep, RejectsTorchOptimOptimizers) {
+  torch::nn::Linear model(4, 2);
+  torch::optim::Adam adam(model->parameters());
+  expect_error(
+      [&] {
+        lamp::GraphedStep(
+            [](const std::vector<torch::Tensor>&) { return torch::Tensor(); },
+            {},
+            {&adam});
+      },
+      "optimizer #0 is not a lamp::optim::FusedOptimizer");
+  expect_error(
+      [&] {
+        lamp::GraphedStep(
+            [](const std::vector<torch::Tensor>&) { return torch::Tensor(); },
+            {},
+            {});
+      },
+      "pass the optimizer(s) the step uses");
+}
+
+TEST(GraphedStep, RejectsBadOptionsAndCpuInputs) {
+  torch::nn::Linear model(4, 2);
+  lamp::optim::FusedSGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto step = [](const std::vector<torch::Tensor>&) { return torch::Tensor(); };
+  expect_error(
+      [&] {
+        lamp::GraphedStep(
+            step, {}, {&sgd}, lamp::GraphedStepOptions().warmup_steps(0));
+      },
+      "warmup_steps must be >= 1");
+  expect_error(
+      [&] { lamp::GraphedStep(step, {torch::ones({2})}, {&sgd}); },
+      lamp::build_info().find("CUDA") != std::string::npos
+          ? "must be a CUDA tensor"
+          : "built without CUDA");
+}
+
+#if LAMP_WITH_CUDA
+
+// A small AMP training step; `conv` adds BatchNorm and channels-last.
+struct Trainer {
+  explicit Trainer(bool conv) : conv(conv) {
+    torch::manual_seed(7);
+    if (conv) {
+      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)));
+      net->push_back(torch::nn::BatchNorm2d(8));
+      net->push_back(torch::nn::ReLU());
+      net->push_back(torch::nn::AdaptiveAvgPool2d(1));
+      net->push_back(torch::nn::Flatten());
+      net->push_back(torch::nn::Linear(8, 10));
+    } else {
+      net->push_back(torch::nn::Linear(32, 64));
+      net->push_back(torch::nn::ReLU());
+      net->push_back(torch::nn::Linear(64, 10));
+    }
+    net->to(torch::kCUDA);
+    if (conv) {
+      for (auto& p : net->parameters()) {
+        if (p.dim() == 4) {
+          p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+        }
+      }
+    }
+    optimizer = std::make_unique<lamp::optim::FusedAdam>(
+        net->parameters(), torch::optim::AdamOptions(1e-2));
+  }
+
+  torch::Tensor step(const std::vector<torch::Tensor>& in) {
+    optimizer->zero_grad();
+    torch::Tensor loss;
+    {
+      lamp::AutocastGuard autocast(torch::kCUDA);
+      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(*optimizer);
+    scaler.update();
+    return loss;
+  }
+
+  std::vector<torch::Tensor> state() {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : net->parameters()) {
+      out.push_back(t.detach().clone());
+    }
+    for (const auto& t : net->buffers()) {
+      out.push_back(t.detach().clone());
+    }
+    return out;
+  }
+
+  bool conv;
+  torch::nn::Sequential net;
+  lamp::GradScaler scaler{
+      lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
+  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
+};
+
+std::vector<std::vector<torch::Tensor>> batches(bool conv, int64_t n) {
+  torch::manual_seed(11);
+  std::vector<std::vector<torch::Tensor>> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto x = conv ? torch::randn({16, 3, 12, 12}, torch::kCUDA)
+                        .contiguous(torch::MemoryFormat::ChannelsLast)
+                  : torch::randn({16, 32}, torch::kCUDA);
+    if (i == 5 || i == 6) {
+      x.fill_(INFINITY); // two overflowing steps: skipped, scale backs off
+    }
+    out.push_back(
+        {x,
+         torch::randint(
+             0, 10, {16}, torch::dtype(torch::kLong).device(torch::kCUDA))});
+  }
+  return out;
+}
+
+class GraphedStepGpu : public lamp::test::GpuTest {
+ protected:
+  // N graphed steps against N eager ones from the same start.
+  void expect_same_training(bool conv) {
+    const auto data = batches(conv, 12);
+    Trainer eager(conv);
+    std::vector<double> eager_scales;
+    for (const auto& batch : data) {
+      eager.step(batch);
+      eager_scales.push_back(eager.scaler.get_scale());
+    }
+
+    Trainer graphed(conv);
+    lamp::GraphedStep step(
+        [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
+        data[0],
+        {graphed.optimizer.get()});
+    std::vector<double> graphed_scales;
+    for (const auto& batch : data) {
+      step(batch);
+      graphed_scales.push_back(graphed.scaler.get_scale());
+    }
+    EXPECT_TRUE(step.is_captured());
+    EXPECT_EQ(graphed_scales, eager_scales);
+    EXPECT_LT(eager_scales[6], eager_scales[4]) << "the inf steps backed off";
+    const auto a = eager.state();
+    const auto b = graphed.state();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << "tensor #" << i;
+    }
+  }
+};
+
+TEST_F(GraphedStepGpu, MatchesEagerStepsIncludingSkippedOnes) {
+  expect_same_training(/*conv=*/false);
+}
+
+TEST_F(GraphedStepGpu, MatchesEagerWithBatchNormAndChannelsLast) {
+  expect_same_training(/*conv=*/true);
+}
+
+TEST_F(GraphedStepGpu, ReplaysWithoutTouchingTheHost) {
+  Trainer t(false);
+  const auto data = batches(false, 5);
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) { return t.step(in); },
+      data[0],
+      {t.optimizer.get()},
+      lamp::GraphedStepOptions().warmup_steps(1));
+  step(data[0]);
+  step(data[1]); // captured and replayed
+  c10::cuda::warning_state().set_sync_debug_mode(
+      c10::cuda::SyncDebugMode::L_ERROR);
+  EXPECT_NO_THROW(step(data[2]));
+  EXPECT_NO_THROW(step(data[3]));
+  c10::cuda::warning_state().set_sync_debug_mode(
+      c10::cuda::SyncDebugMode::L_DISABLED);
+}
+
+TEST_F(GraphedStepGpu, HostSyncInTheStepIsAClearError) {
+  Trainer t(false);
+  const auto data = batches(false, 3);
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) {
+        auto loss = t.step(in);
+        (void)loss.item<float>(); // not capturable
+        return loss;
+      },
+      data[0],
+      {t.optimizer.get()},
+      lamp::GraphedStepOptions().warmup_steps(1));
+  step(data[0]);
+  expect_error([&] { step(data[1]); }, "could not be captured");
+  EXPECT_FALSE(step.is_captured());
+  // The device is usable afterwards.
+  EXPECT_EQ(torch::ones({4}, torch::kCUDA).sum().item<float>(), 4.0f);
+}
+
+TEST_F(GraphedStepGpu, ShapeAndLearningRateChangesAreClearErrors) {
+  Trainer t(false);
+  const auto data = batches(false, 4);
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) { return t.step(in); },
+      data[0],
+      {t.optimizer.get()},
+      lamp::GraphedStepOptions().warmup_steps(1));
+  step(data[0]);
+  step(data[1]);
+  expect_error(
+      [&] {
+        step({data[2][0].narrow(0, 0, 8), data[2][1].narrow(0, 0, 8)});
+      },
+      "pad or drop a last partial batch");
+  static_cast<torch::optim::AdamOptions&>(
+      t.optimizer->param_groups()[0].options())
+      .lr(1e-3);
+  expect_error([&] { step(data[2]); }, "Call reset() after changing it");
+  step.reset();
+  EXPECT_NO_THROW(step(data[2]));
+  EXPECT_TRUE(step.is_captured());
+}
+
+TEST_F(GraphedStepGpu, TorchOptimUnderTheScalerCannotBeCaptured) {
+  // Bypass GraphedStep's own check: GradScaler itself must refuse.
+  torch::nn::Linear model(8, 2);
+  model->to(torch::kCUDA);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  lamp::GradScaler scaler;
+  auto x = torch::randn({4, 8}, torch::kCUDA);
+  auto run = [&] {
+    sgd.zero_grad();
+    scaler.scale(model->forward(x).sum()).backward();
+    scaler.step(sgd);
+    scaler.update();
+  };
+  auto side = c10::cuda::getStreamFromPool();
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    run();
+  }
+  torch::cuda::synchronize();
+  at::cuda::CUDAGraph graph;
+  c10::cuda::CUDAStreamGuard guard(side);
+  graph.capture_begin();
+  expect_error(run, "a torch::optim optimizer inside CUDA graph capture");
+  cudaGraph_t partial = nullptr;
+  (void)cudaStreamEndCapture(side, &partial);
+  if (partial) {
+    cudaGraphDestroy(partial);
+  }
+  c10::cuda::CUDACachingAllocator::endAllocateToPool(
+      side.device_index(), graph.pool());
+}
+
+#endif // LAMP_WITH_CUDA
+
+} // namespace
