@@ -26,21 +26,18 @@ struct GraphedStep::Impl {
   std::vector<torch::optim::Optimizer*> optimizers;
   GraphedStepOptions options;
   int64_t calls = 0;
-  std::vector<double> captured_lrs;
   torch::Tensor loss; // the captured step's output
 #if LAMP_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
 
-  std::vector<double> learning_rates() const {
-    std::vector<double> lrs;
-    for (const auto* optimizer : optimizers) {
-      for (const auto& group : optimizer->param_groups()) {
-        lrs.push_back(group.options().get_lr());
-      }
+  // Learning rates live in device tensors that the captured kernels read;
+  // bring them up to date before the graph runs.
+  void sync_learning_rates() {
+    for (auto* optimizer : optimizers) {
+      static_cast<optim::FusedOptimizer*>(optimizer)->sync_device_lr();
     }
-    return lrs;
   }
 
 #if LAMP_WITH_CUDA
@@ -102,7 +99,6 @@ struct GraphedStep::Impl {
         loss.defined(),
         "lamp::GraphedStep: the step returned an undefined tensor; return "
         "the loss.");
-    captured_lrs = learning_rates();
   }
 
   // Leaves capture mode after a failed capture so that the stream and the
@@ -151,8 +147,9 @@ GraphedStep::GraphedStep(
         "lamp::GraphedStep: optimizer #",
         i,
         " is null.");
+    auto* fused = dynamic_cast<optim::FusedOptimizer*>(optimizers[i]);
     TORCH_CHECK(
-        dynamic_cast<optim::FusedOptimizer*>(optimizers[i]) != nullptr,
+        fused != nullptr,
         "lamp::GraphedStep: optimizer #",
         i,
         " is not a lamp::optim::FusedOptimizer. torch::optim optimizers "
@@ -161,6 +158,7 @@ GraphedStep::GraphedStep(
         "GradScaler, read found_inf on the host, which a CUDA graph cannot "
         "capture. Use lamp::optim::FusedAdam, FusedAdamW or FusedSGD (they "
         "take the same options).");
+    fused->use_device_lr(true);
   }
 #if LAMP_WITH_CUDA
   std::optional<c10::Device> device;
@@ -238,23 +236,9 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     ++impl.calls;
     return impl.warm_up();
   }
+  impl.sync_learning_rates();
   if (!impl.graph) {
     impl.capture();
-  } else {
-    const auto lrs = impl.learning_rates();
-    for (size_t g = 0; g < lrs.size(); ++g) {
-      TORCH_CHECK(
-          lrs[g] == impl.captured_lrs[g],
-          "lamp::GraphedStep: the learning rate of param group #",
-          g,
-          " changed from ",
-          impl.captured_lrs[g],
-          " to ",
-          lrs[g],
-          " after the step was captured; the graph would go on with the "
-          "old one. Call reset() after changing it (the next call captures "
-          "the step again).");
-    }
   }
   ++impl.calls;
   impl.graph->replay();

@@ -1,5 +1,7 @@
 #include <lamp/optim.h>
 
+#include <lamp/config.h>
+
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adam.h>
@@ -12,6 +14,10 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 namespace lamp::optim {
 namespace {
@@ -68,13 +74,14 @@ std::optional<torch::Tensor> on(
 // One Adam/AdamW step over every group, as Python's _fused_adam.
 template <typename Options>
 void fused_adam_step(
-    torch::optim::Optimizer& self,
+    FusedOptimizer& self,
     bool decoupled_weight_decay,
     const char* name,
     const std::optional<torch::Tensor>& grad_scale,
     const std::optional<torch::Tensor>& found_inf) {
   torch::NoGradGuard no_grad;
-  for (auto& group : self.param_groups()) {
+  for (size_t g = 0; g < self.param_groups().size(); ++g) {
+    auto& group = self.param_groups()[g];
     auto& options = static_cast<Options&>(group.options());
     std::vector<Bucket> buckets;
     for (auto& param : group.params()) {
@@ -112,42 +119,49 @@ void fused_adam_step(
       const auto scale = on(grad_scale, bucket.device);
       const auto inf = on(found_inf, bucket.device);
       at::_foreach_add_(bucket.steps, 1);
-      // NOTE: double lr selects the plain overloads (not tensor-lr ones).
-      const double lr = options.lr();
-      if (decoupled_weight_decay) {
-        at::_fused_adamw_(
-            bucket.params,
-            bucket.grads,
-            bucket.a,
-            bucket.b,
-            bucket.c,
-            bucket.steps,
-            lr,
-            beta1,
-            beta2,
-            options.weight_decay(),
-            options.eps(),
-            options.amsgrad(),
-            /*maximize=*/false,
-            scale,
-            inf);
+      // NOTE: a double lr selects the plain overloads, a tensor the
+      // tensor-lr ones (read on the device: graph replays see changes).
+      auto run = [&](const auto& lr) {
+        if (decoupled_weight_decay) {
+          at::_fused_adamw_(
+              bucket.params,
+              bucket.grads,
+              bucket.a,
+              bucket.b,
+              bucket.c,
+              bucket.steps,
+              lr,
+              beta1,
+              beta2,
+              options.weight_decay(),
+              options.eps(),
+              options.amsgrad(),
+              /*maximize=*/false,
+              scale,
+              inf);
+        } else {
+          at::_fused_adam_(
+              bucket.params,
+              bucket.grads,
+              bucket.a,
+              bucket.b,
+              bucket.c,
+              bucket.steps,
+              lr,
+              beta1,
+              beta2,
+              options.weight_decay(),
+              options.eps(),
+              options.amsgrad(),
+              /*maximize=*/false,
+              scale,
+              inf);
+        }
+      };
+      if (const auto lr = self.device_lr(g, bucket.device)) {
+        run(*lr);
       } else {
-        at::_fused_adam_(
-            bucket.params,
-            bucket.grads,
-            bucket.a,
-            bucket.b,
-            bucket.c,
-            bucket.steps,
-            lr,
-            beta1,
-            beta2,
-            options.weight_decay(),
-            options.eps(),
-            options.amsgrad(),
-            /*maximize=*/false,
-            scale,
-            inf);
+        run(options.lr());
       }
       if (inf) {
         // A skipped step does not count (Python does the same).
@@ -175,6 +189,56 @@ void check_adam_options(const Options& defaults) {
 }
 
 } // namespace
+
+namespace {
+
+bool capturing() {
+#if LAMP_WITH_CUDA
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() !=
+      c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+} // namespace
+
+void FusedOptimizer::sync_device_lr() {
+  torch::NoGradGuard no_grad;
+  for (auto& entry : device_lrs_) {
+    const double lr = param_groups()[entry.group].options().get_lr();
+    if (lr != entry.value) {
+      entry.lr.fill_(lr);
+      entry.value = lr;
+    }
+  }
+}
+
+std::optional<torch::Tensor> FusedOptimizer::device_lr(
+    size_t group,
+    c10::Device device) {
+  if (!device_lr_ || !device.is_cuda()) {
+    return std::nullopt;
+  }
+  const double lr = param_groups()[group].options().get_lr();
+  for (auto& entry : device_lrs_) {
+    if (entry.group == group && entry.device == device) {
+      // NOTE: not during capture: the fill would be replayed with the
+      // value of the capture. GraphedStep syncs before each replay.
+      if (entry.value != lr && !capturing()) {
+        entry.lr.fill_(lr);
+        entry.value = lr;
+      }
+      return entry.lr;
+    }
+  }
+  device_lrs_.push_back(
+      {group,
+       device,
+       at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(device)),
+       lr});
+  return device_lrs_.back().lr;
+}
 
 torch::Tensor FusedOptimizer::step(LossClosure closure) {
   torch::Tensor loss;
@@ -279,7 +343,8 @@ void FusedSGD::step_scaled(
     const std::optional<torch::Tensor>& found_inf) {
   const char* name = "lamp::optim::FusedSGD";
   torch::NoGradGuard no_grad;
-  for (auto& group : param_groups()) {
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    auto& group = param_groups()[g];
     auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
     const bool momentum = options.momentum() != 0;
     std::vector<Bucket> buckets;
@@ -309,19 +374,26 @@ void FusedSGD::step_scaled(
       }
     }
     for (auto& bucket : buckets) {
-      at::_fused_sgd_(
-          bucket.params,
-          bucket.grads,
-          bucket.a,
-          options.weight_decay(),
-          options.momentum(),
-          options.lr(),
-          options.dampening(),
-          options.nesterov(),
-          /*maximize=*/false,
-          is_first_step,
-          on(grad_scale, bucket.device),
-          on(found_inf, bucket.device));
+      auto run = [&](const auto& lr) {
+        at::_fused_sgd_(
+            bucket.params,
+            bucket.grads,
+            bucket.a,
+            options.weight_decay(),
+            options.momentum(),
+            lr,
+            options.dampening(),
+            options.nesterov(),
+            /*maximize=*/false,
+            is_first_step,
+            on(grad_scale, bucket.device),
+            on(found_inf, bucket.device));
+      };
+      if (const auto lr = device_lr(g, bucket.device)) {
+        run(*lr);
+      } else {
+        run(options.lr());
+      }
     }
   }
 }

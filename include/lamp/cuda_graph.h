@@ -47,9 +47,12 @@ struct LAMP_API GraphedStepOptions {
 /// - of fixed shapes: every batch must have the static inputs' shapes and
 ///   dtypes (pad or drop a last partial batch, or use one GraphedStep per
 ///   shape);
-/// - with fixed hyperparameters: the learning rate of every param group is
-///   recorded at capture and a change is an error; call `reset()` after
-///   changing it (the next call captures again).
+/// - with fixed hyperparameters other than the learning rate: GraphedStep
+///   switches the optimizers to device-resident learning rates
+///   (`FusedOptimizer::use_device_lr`) and updates them before every replay,
+///   so lr schedules work; betas, eps, weight decay and momentum are baked
+///   into the graph (call `reset()` after changing them: the next call
+///   captures again).
 ///
 /// Works with `GradScaler` (overflow skips the step on the device and the
 /// scale backs off, inside the graph), BatchNorm, channels-last and

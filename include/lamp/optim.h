@@ -34,6 +34,34 @@ class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
   virtual void step_scaled(
       const std::optional<torch::Tensor>& grad_scale,
       const std::optional<torch::Tensor>& found_inf) = 0;
+
+  /// Keep each param group's learning rate in a 0-dim CUDA tensor that the
+  /// kernels read, instead of passing it by value, so that a step captured
+  /// in a CUDA graph follows later changes of `lr`. `lamp::GraphedStep`
+  /// turns this on. Default: off.
+  void use_device_lr(bool enabled) {
+    device_lr_ = enabled;
+  }
+  bool uses_device_lr() const {
+    return device_lr_;
+  }
+  /// Copies changed learning rates into their device tensors (one small
+  /// kernel each, only when changed). `step()` does it, except during CUDA
+  /// graph capture; `lamp::GraphedStep` does it before every replay.
+  void sync_device_lr();
+  /// The device tensor holding param group `group`'s learning rate on
+  /// `device`, or nullopt when device lr is off or `device` is not CUDA.
+  std::optional<torch::Tensor> device_lr(size_t group, c10::Device device);
+
+ private:
+  struct DeviceLr {
+    size_t group;
+    c10::Device device;
+    torch::Tensor lr; // 0-dim float32 on `device`
+    double value; // what `lr` holds
+  };
+  bool device_lr_ = false;
+  std::vector<DeviceLr> device_lrs_;
 };
 
 /// Per-parameter state of `FusedAdam` and `FusedAdamW`: as
