@@ -69,7 +69,8 @@ double run(
     const torch::Device& device,
     bool fused,
     Phase phase,
-    bool amp = true) {
+    bool amp = true,
+    bool graphed = false) {
   torch::manual_seed(0);
   torch::nn::Sequential model(
       torch::nn::Linear(784, 512),
@@ -87,7 +88,7 @@ double run(
   auto x = torch::randn({opt.batch_size, 784}, device);
   auto y = torch::randint(
       10, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
-  return time_ms(opt, device, [&] {
+  auto step = [&](const torch::Tensor& x, const torch::Tensor& y) {
     optimizer->zero_grad();
     torch::Tensor loss;
     {
@@ -95,15 +96,28 @@ double run(
       loss = torch::cross_entropy_loss(model->forward(x), y);
     }
     if (phase == Phase::kForward) {
-      return;
+      return loss;
     }
     scaler.scale(loss).backward();
     if (phase == Phase::kForwardBackward) {
-      return;
+      return loss;
     }
     scaler.step(*optimizer);
     scaler.update();
-  });
+    return loss;
+  };
+  if (graphed) {
+    // The whole step in one CUDA graph; each step copies the batch into
+    // the graph's static inputs, as a training loop would.
+    lamp::GraphedStep graph(
+        [&](const std::vector<torch::Tensor>& in) {
+          return step(in[0], in[1]);
+        },
+        {x, y},
+        {optimizer.get()});
+    return time_ms(opt, device, [&] { graph({x, y}); });
+  }
+  return time_ms(opt, device, [&] { step(x, y); });
 }
 
 } // namespace
@@ -138,7 +152,7 @@ int main(int argc, char** argv) {
       device.is_cuda() ? "fp16" : "bf16",
       static_cast<long long>(opt.repeats),
       static_cast<long long>(opt.steps));
-  const std::vector<std::pair<const char*, double>> rows = {
+  std::vector<std::pair<const char*, double>> rows = {
       {"C++ torch::optim::Adam", run(opt, device, false, Phase::kStep)},
       {"C++ lamp::optim::FusedAdam", run(opt, device, true, Phase::kStep)},
       {"  of which forward", run(opt, device, true, Phase::kForward)},
@@ -147,6 +161,11 @@ int main(int argc, char** argv) {
       {"C++ FusedAdam fp32, no AMP",
        run(opt, device, true, Phase::kStep, false)},
   };
+  if (device.is_cuda()) {
+    rows.emplace_back(
+        "C++ FusedAdam, lamp::GraphedStep",
+        run(opt, device, true, Phase::kStep, true, true));
+  }
   std::printf("%-32s %8s\n", "AMP step", "ms/step");
   for (const auto& [name, ms] : rows) {
     std::printf("%-32s %8.3f\n", name, ms);

@@ -32,6 +32,7 @@ struct Args {
   bool no_sync = false; // accumulate two micro-batches, the first unsynced
   bool local = false; // --local-sgd: never average, backward under no_sync
   bool fp32 = false; // no autocast, no loss scaling
+  bool cuda_graph = false; // steps through lamp::GraphedStep
   bool unused = false; // a parameter used every other step, one never
   bool grad_view = false; // gradient_as_bucket_view + zero_grad(false)
   bool batch_norm = false;
@@ -81,6 +82,7 @@ Args parse(int argc, char** argv) {
   take("grad-view", a.grad_view);
   take("batch-norm", a.batch_norm);
   take("fp32", a.fp32);
+  take("cuda-graph", a.cuda_graph);
   take("comm-dtype", a.comm_dtype);
   take("inject-rank", a.inject_rank);
   take("inject-step", a.inject_step);
@@ -161,12 +163,11 @@ History train(
                               .growth_interval(4)
                               .process_group(scaler_pg));
   const int64_t micro = (ddp && a.no_sync) ? 2 : 1;
-  History h;
-  for (int64_t s = 0; s < a.steps; ++s) {
+  int64_t s = 0;
+  // One training step; returns the loss (device tensor, no host sync).
+  auto step = [&](const std::vector<torch::Tensor>& in) {
     optimizer.zero_grad(/*set_to_none=*/!a.grad_view);
-    const auto x = data.x[s].narrow(0, begin, rows).to(device);
-    const auto y = data.y[s].narrow(0, begin, rows).to(device);
-    double loss_sum = 0;
+    torch::Tensor loss_sum;
     for (int64_t m = 0; m < micro; ++m) {
       std::optional<lamp::DistributedDataParallel::NoSyncGuard> no_sync;
       if (ddp && (a.local || m + 1 < micro)) {
@@ -175,19 +176,37 @@ History train(
       torch::Tensor loss;
       {
         lamp::AutocastGuard autocast(torch::kCUDA, torch::kHalf, !a.fp32);
-        loss = torch::nn::functional::cross_entropy(
-                   net->forward(x.chunk(micro)[m], s), y.chunk(micro)[m]) /
+        loss =
+            torch::nn::functional::cross_entropy(
+                net->forward(in[0].chunk(micro)[m], s), in[1].chunk(micro)[m]) /
             micro;
       }
       scaler.scale(loss).backward();
-      loss_sum += loss.item<double>();
+      loss_sum = m ? loss_sum + loss.detach() : loss.detach();
     }
     scaler.step(optimizer);
     scaler.update();
+    return loss_sum;
+  };
+  std::optional<lamp::GraphedStep> graphed;
+  if (a.cuda_graph) {
+    graphed.emplace(
+        step,
+        std::vector{
+            data.x[0].narrow(0, begin, rows).to(device),
+            data.y[0].narrow(0, begin, rows).to(device)},
+        std::vector<torch::optim::Optimizer*>{&optimizer});
+  }
+  History h;
+  for (s = 0; s < a.steps; ++s) {
+    const std::vector<torch::Tensor> batch{
+        data.x[s].narrow(0, begin, rows).to(device),
+        data.y[s].narrow(0, begin, rows).to(device)};
+    const auto loss = graphed ? (*graphed)(batch) : step(batch);
     h.scale.push_back(scaler.get_scale());
     const auto found_inf = scaler.get_found_inf_async();
     h.found_inf.push_back(found_inf.defined() ? found_inf.item<double>() : 0);
-    h.loss.push_back(loss_sum);
+    h.loss.push_back(loss.item<double>());
   }
   return h;
 }

@@ -498,6 +498,14 @@ TEST_F(DdpMultiGpu, GradientAsBucketView) {
   expect_data_parallel_training(kAmpTolerance);
 }
 
+TEST_F(DdpMultiGpu, CudaGraphedStepsWithTheAllreduceInTheGraph) {
+  // Both ranks and the single-process reference step through
+  // lamp::GraphedStep: NCCL's allreduce is captured with the rest.
+  ASSERT_EQ(launch("--cuda-graph --inject-rank 1 --inject-step 5"), 0);
+  expect_data_parallel_training(kAmpTolerance);
+  EXPECT_EQ(history(0, "ddp")[5][1], 1.0) << "rank 1's inf reached rank 0";
+}
+
 TEST_F(DdpMultiGpu, InfOnOneRankSkipsTheStepOnBoth) {
   ASSERT_EQ(launch("--inject-rank 1 --inject-step 5"), 0);
   expect_data_parallel_training(kAmpTolerance);

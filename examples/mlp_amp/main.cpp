@@ -46,6 +46,7 @@ struct Options {
   int64_t seed = 0;
   int64_t log_every = 100;
   bool ddp = false;
+  bool cuda_graph = false;
   std::string metrics;
   double min_accuracy = 0;
   double max_accuracy_gap = 1;
@@ -194,6 +195,31 @@ Result train(
     return double(correct) / data.test_x.size(0);
   };
 
+  auto train_step = [&](const std::vector<torch::Tensor>& in) {
+    optimizer.zero_grad();
+    torch::Tensor loss;
+    {
+      lamp::AutocastGuard autocast(
+          device.type(), precision.dtype, precision.amp);
+      loss = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    return loss;
+  };
+  // --cuda-graph: the whole step captured once (lamp::GraphedStep), then
+  // replayed; the learning-rate decay below reaches the graph.
+  std::optional<lamp::GraphedStep> graphed;
+  if (opt.cuda_graph) {
+    graphed.emplace(
+        train_step,
+        std::vector{
+            data.train_x.slice(0, 0, opt.batch_size),
+            data.train_y.slice(0, 0, opt.batch_size)},
+        std::vector<torch::optim::Optimizer*>{&optimizer});
+  }
+
   Result result{precision.name};
   const int64_t n = data.train_x.size(0) / world_size; // samples per rank
   const int64_t total_steps =
@@ -214,7 +240,9 @@ Result train(
     int64_t batches = 0;
     examples::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; i += opt.batch_size, ++batches) {
+    // NOTE: a graph replays one shape: it drops the last partial batch.
+    const int64_t used = graphed ? n / opt.batch_size * opt.batch_size : n;
+    for (int64_t i = 0; i < used; i += opt.batch_size, ++batches) {
       const auto index = order.slice(0, i, i + opt.batch_size);
       const auto x = data.train_x.index_select(0, index);
       const auto y = data.train_y.index_select(0, index);
@@ -222,17 +250,9 @@ Result train(
       // epochs settle and runs in different precisions end comparable.
       optimizer.param_groups()[0].options().set_lr(
           opt.lr * (1.0 - double(step) / total_steps));
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        lamp::AutocastGuard autocast(
-            device.type(), precision.dtype, precision.amp);
-        loss = torch::cross_entropy_loss(model->forward(x), y);
-      }
-      scaler.scale(loss).backward();
-      scaler.step(optimizer);
-      scaler.update();
-      loss_sum += loss.detach();
+      const auto loss =
+          graphed ? (*graphed)({x, y}) : train_step({x, y}).detach();
+      loss_sum += loss;
       if (++step % opt.log_every == 0) {
         metrics.write(
             {{"kind", std::string("step")},
@@ -326,6 +346,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag(
+      "--cuda-graph",
+      opt.cuda_graph,
+      "capture the training step in a CUDA graph (lamp::GraphedStep) and "
+      "replay it; drops each epoch's last partial batch");
+  app.add_flag(
       "--ddp",
       opt.ddp,
       "data-parallel over torchrun's processes, one GPU each (a world of "
@@ -358,6 +383,10 @@ int main(int argc, char** argv) {
   }
   if (!device) {
     std::cerr << "mlp_amp: --device cuda but no CUDA device is available\n";
+    return examples::kSkip;
+  }
+  if (opt.cuda_graph && !device->is_cuda()) {
+    std::cerr << "mlp_amp: --cuda-graph needs a CUDA device\n";
     return examples::kSkip;
   }
   if (opt.precision.empty()) {

@@ -40,6 +40,7 @@ struct Options {
   int64_t log_every = 10;
   bool channels_last = false;
   bool ddp = false;
+  bool cuda_graph = false;
   double bucket_cap_mb = 25;
   bool grad_as_bucket_view = false;
   bool no_broadcast_buffers = false;
@@ -111,6 +112,28 @@ Result train(
   auto labels = torch::randint(
       1000, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
 
+  auto train_step = [&](const std::vector<torch::Tensor>& in) {
+    optimizer.zero_grad();
+    torch::Tensor out;
+    {
+      lamp::AutocastGuard autocast(
+          device.type(), precision.dtype, precision.amp);
+      out = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
+    }
+    scaler.scale(out).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    return out;
+  };
+  // --cuda-graph: warm up, capture the whole step once, then replay it.
+  std::optional<lamp::GraphedStep> graphed;
+  if (opt.cuda_graph) {
+    graphed.emplace(
+        train_step,
+        std::vector{images, labels},
+        std::vector<torch::optim::Optimizer*>{&optimizer});
+  }
+
   Result result{precision};
   std::vector<double> step_ms;
   torch::Tensor loss;
@@ -127,15 +150,8 @@ Result train(
       trace->start();
     }
     const auto start = std::chrono::steady_clock::now();
-    optimizer.zero_grad();
-    {
-      lamp::AutocastGuard autocast(
-          device.type(), precision.dtype, precision.amp);
-      loss = torch::cross_entropy_loss(model->forward(images), labels);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(optimizer);
-    scaler.update();
+    loss =
+        graphed ? (*graphed)({images, labels}) : train_step({images, labels});
     examples::synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - start)
@@ -230,6 +246,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
+  app.add_flag(
+      "--cuda-graph",
+      opt.cuda_graph,
+      "capture the whole training step in a CUDA graph (lamp::GraphedStep) "
+      "and replay it");
   app.add_option(
          "--bucket-cap-mb", opt.bucket_cap_mb, "--ddp: gradient bucket size")
       ->capture_default_str();
@@ -266,6 +287,10 @@ int main(int argc, char** argv) {
     return examples::kSkip;
   }
   const bool cuda = device->is_cuda();
+  if (opt.cuda_graph && !cuda) {
+    std::cerr << "resnet50_amp: --cuda-graph needs a CUDA device\n";
+    return examples::kSkip;
+  }
   const bool print = examples::rank(pg) == 0;
   if (!cuda && print) {
     std::cout << "resnet50_amp: no GPU in use: a small CPU run (bf16 "
