@@ -116,6 +116,15 @@ struct GraphedStep::Impl {
     }
     graph.reset();
     loss = torch::Tensor();
+    // NOTE: the failed capture never ran the CUDA generator's capture
+    // epilogue, so the generator still believes a capture is going on and
+    // every later random op would throw. An empty capture runs it.
+    try {
+      at::cuda::CUDAGraph repair;
+      repair.capture_begin();
+      repair.capture_end();
+    } catch (...) { // NOLINT(bugprone-empty-catch): best effort
+    }
   }
 
   static std::string first_line(const std::string& text) {
