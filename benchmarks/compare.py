@@ -8,8 +8,11 @@ and 2 GPUs (torchrun --standalone): lamp's example with --ddp next to
 torch.nn.parallel.DistributedDataParallel (resnet50_amp.py --ddp), batch per
 GPU, and prints global images/s and the scaling over GPUs.
 
+With --cuda-graph each case also runs lamp's example with --cuda-graph (the
+whole step in one CUDA graph, lamp::GraphedStep) and adds its columns.
+
 Usage: python3 benchmarks/compare.py [--build-dir build] [--no-build]
-           [--steps 100] [--quick] [--markdown]
+           [--steps 100] [--quick] [--cuda-graph] [--markdown]
        python3 benchmarks/compare.py --ddp [--gpus 1,2]
            [--ddp-batch-sizes 256,64] [--steps 100] [--markdown]
 """
@@ -57,7 +60,8 @@ def summary_from_jsonl(path):
     return [r for r in rows if r["kind"] == "summary"][-1]
 
 
-def cpp_case(build, model, precision, batch, channels_last, args):
+def cpp_case(build, model, precision, batch, channels_last, args,
+             graph=False):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as metrics:
         if model == "resnet50":
             command = [f"{build}/examples/resnet50_amp", "--device", "cuda",
@@ -70,6 +74,8 @@ def cpp_case(build, model, precision, batch, channels_last, args):
             command = [f"{build}/examples/mlp_amp", "--device", "cuda",
                        "--precision", precision, "--batch-size", str(batch),
                        "--epochs", "1", "--metrics", metrics.name]
+        if graph:
+            command.append("--cuda-graph")
         run(command)
         return summary_from_jsonl(metrics.name)
 
@@ -153,6 +159,8 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="bs64 cases only")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also time lamp's examples with --cuda-graph")
     ints = lambda s: [int(x) for x in s.split(",")]
     p.add_argument("--ddp", action="store_true",
                    help="ResNet-50 fp16 channels-last DDP on 1 and 2 GPUs")
@@ -176,19 +184,28 @@ def main():
         cpp = cpp_case(args.build_dir, model, precision, batch, channels_last,
                        args)
         py = python_case(model, precision, batch, channels_last, args)
-        rows.append((model, precision, batch, channels_last, cpp, py))
-    fp32 = {(m, b, cl): step_ms(c) for m, p_, b, cl, c, _ in rows if p_ == "fp32"}
+        graph = (cpp_case(args.build_dir, model, precision, batch,
+                          channels_last, args, graph=True)
+                 if args.cuda_graph else None)
+        rows.append((model, precision, batch, channels_last, cpp, py, graph))
+    fp32 = {(m, b, cl): step_ms(c) for m, p_, b, cl, c, _, _ in rows
+            if p_ == "fp32"}
     header = ("case", "C++ ms", "Python ms", "Py/C++", "C++ GiB",
               "Python GiB", "C++ AMP vs fp32")
+    if args.cuda_graph:
+        header += ("C++ graph ms", "Py/graph")
     lines = []
-    for model, precision, batch, cl, cpp, py in rows:
+    for model, precision, batch, cl, cpp, py, graph in rows:
         name = f"{model} bs{batch} {'NHWC' if cl else 'NCHW'} {precision}"
         base = fp32.get((model, batch, cl))
         amp = f"{base / step_ms(cpp):.2f}x" if base and precision != "fp32" else ""
         lines.append((name, f"{step_ms(cpp):.2f}", f"{step_ms(py):.2f}",
                       f"{step_ms(py) / step_ms(cpp):.2f}x",
                       f"{cpp.get('peak_memory_bytes', 0) / 2**30:.2f}",
-                      f"{py.get('peak_memory_bytes', 0) / 2**30:.2f}", amp))
+                      f"{py.get('peak_memory_bytes', 0) / 2**30:.2f}", amp)
+                     + ((f"{step_ms(graph):.3f}",
+                         f"{step_ms(py) / step_ms(graph):.2f}x")
+                        if graph else ()))
     print_table(header, lines, args.markdown)
 
 
