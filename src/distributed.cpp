@@ -391,6 +391,11 @@ struct ProcessGroup::Impl {
   }
 
   void watch() {
+    // NOTE: while another thread captures a CUDA graph in the (default)
+    // global mode, "unsafe" calls such as cudaEventQuery from this thread
+    // would fail and invalidate the capture; relaxed mode allows them here.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     std::unique_lock<std::mutex> lock(mutex);
     while (!stop) {
       wake.wait_for(lock, std::chrono::milliseconds(100));
@@ -405,7 +410,10 @@ struct ProcessGroup::Impl {
           pending.pop_front();
           continue;
         }
-        if (status != cudaErrorNotReady) {
+        const bool capture_related =
+            status >= cudaErrorStreamCaptureUnsupported &&
+            status <= cudaErrorStreamCaptureWrongThread;
+        if (status != cudaErrorNotReady && !capture_related) {
           abort_locked(
               p.what + " failed on the device: " + cudaGetErrorString(status));
         } else if (Clock::now() > p.deadline) {
