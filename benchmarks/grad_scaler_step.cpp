@@ -5,10 +5,12 @@
 // has the results.
 //
 //   grad_scaler_step [--batch-size 64] [--steps 200] [--repeats 7]
+//                    [--trace FILE]   (Chrome trace of 10 graphed steps)
 
 #include <lamp/lamp.h>
 
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@ struct Options {
   int64_t steps = 200;
   int64_t warmup = 50;
   int64_t repeats = 7;
+  std::string trace;
 };
 
 void synchronize(const torch::Device& device) {
@@ -115,7 +119,21 @@ double run(
         },
         {x, y},
         {optimizer.get()});
-    return time_ms(opt, device, [&] { graph({x, y}); });
+    const double ms = time_ms(opt, device, [&] { graph({x, y}); });
+    if (!opt.trace.empty()) {
+      namespace prof = torch::profiler::impl;
+      const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+      const std::set<prof::ActivityType> activities{
+          prof::ActivityType::CPU, prof::ActivityType::CUDA};
+      torch::autograd::profiler::prepareProfiler(config, activities);
+      torch::autograd::profiler::enableProfiler(config, activities);
+      for (int i = 0; i < 10; ++i) {
+        graph({x, y});
+      }
+      synchronize(device);
+      torch::autograd::profiler::disableProfiler()->save(opt.trace);
+    }
+    return ms;
   }
   return time_ms(opt, device, [&] { step(x, y); });
 }
@@ -138,6 +156,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", opt.repeats)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option(
+      "--trace",
+      opt.trace,
+      "write a Chrome trace of 10 graphed steps to FILE (CUDA only)");
   CLI11_PARSE(app, argc, argv);
   if (opt.device == "cuda" && !torch::cuda::is_available()) {
     std::fprintf(stderr, "grad_scaler_step: no CUDA device\n");

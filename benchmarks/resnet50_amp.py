@@ -5,7 +5,11 @@ With --ddp (under torchrun): torch.nn.parallel.DistributedDataParallel over
 NCCL, one GPU a process, --batch-size per GPU, images/s over all GPUs, rank 0
 prints.
 
-Usage: resnet50_amp.py --precision fp16 [--batch-size 64] [--channels-last] ...
+With --compile MODE the model is torch.compile'd (its compilation happens in
+the warm-up steps and is not timed).
+
+Usage: resnet50_amp.py --precision fp16 [--batch-size 64] [--channels-last]
+           [--compile default] ...
        torchrun --nproc_per_node=2 resnet50_amp.py --ddp --precision fp16 ...
 """
 
@@ -34,6 +38,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ddp", action="store_true",
                    help="DistributedDataParallel over torchrun's processes")
+    p.add_argument("--compile", choices=["default", "reduce-overhead",
+                                         "max-autotune-no-cudagraphs"],
+                   help="torch.compile the model with this mode")
     args = p.parse_args()
     rank, world_size = 0, 1
     device = torch.device(args.device)
@@ -58,6 +65,8 @@ def main():
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index], bucket_cap_mb=25)
         torch.manual_seed(args.seed + rank)  # each rank its own data
+    if args.compile:
+        model = torch.compile(model, mode=args.compile)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
     amp = args.precision != "fp32"
     dtype = torch.float16 if args.precision == "fp16" else torch.bfloat16
@@ -85,7 +94,8 @@ def main():
         print(json.dumps({
             "kind": "summary", "model": "resnet50", "precision": args.precision,
             "world_size": world_size, "batch_size": args.batch_size,
-            "channels_last": args.channels_last, "median_step_ms": median,
+            "channels_last": args.channels_last, "compile": args.compile,
+            "median_step_ms": median,
             "images_per_s": world_size * args.batch_size * 1000 / median,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
             "final_loss": loss.item(), "final_scale": scaler.get_scale(),

@@ -30,6 +30,7 @@ struct GraphedStep::Impl {
 #if LAMP_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  at::cuda::MempoolId_t pool{0, 0}; // the graph's private memory pool
 #endif
 
   // Learning rates live in device tensors that the captured kernels read;
@@ -68,7 +69,9 @@ struct GraphedStep::Impl {
     torch::cuda::synchronize();
     graph = std::make_unique<at::cuda::CUDAGraph>();
     c10::cuda::CUDAStreamGuard on_side(*side);
-    graph->capture_begin();
+    // NOTE: our own pool id: a failed capture cannot tell its pool.
+    pool = at::cuda::graph_pool_handle();
+    graph->capture_begin(pool);
     try {
       loss = step(inputs);
     } catch (const std::exception& e) {
@@ -111,7 +114,8 @@ struct GraphedStep::Impl {
     (void)cudaGetLastError();
     try {
       c10::cuda::CUDACachingAllocator::endAllocateToPool(
-          side->device_index(), graph->pool());
+          side->device_index(), pool);
+      c10::cuda::CUDACachingAllocator::releasePool(side->device_index(), pool);
     } catch (...) { // NOLINT(bugprone-empty-catch): already ended
     }
     graph.reset();

@@ -4,6 +4,8 @@
 #include <lamp/distributed.h>
 #include <lamp/optim.h>
 
+#include "multi_tensor.h"
+
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/full.h>
@@ -185,10 +187,13 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     auto& found_inf = replica(found_inf_per_device, group.device, [&] {
       return at::zeros({}, inv_scale.options().device(group.device));
     });
-    at::_amp_foreach_non_finite_check_and_unscale_(
-        group.grads, found_inf, replica(inv_scales, group.device, [&] {
-          return on(inv_scale, group.device);
-        }));
+    const auto& inv = replica(inv_scales, group.device, [&] {
+      return on(inv_scale, group.device);
+    });
+    detail::launch_multi_tensor({&group.grads}, nullptr, [&] {
+      at::_amp_foreach_non_finite_check_and_unscale_(
+          group.grads, found_inf, inv);
+    });
   }
   if (const auto& pg = options_.process_group()) {
     for (const auto& [device, found_inf] : found_inf_per_device) {

@@ -2,6 +2,8 @@
 
 #include <lamp/config.h>
 
+#include "multi_tensor.h"
+
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adam.h>
@@ -14,10 +16,6 @@
 #include <torch/utils.h>
 
 #include <algorithm>
-
-#if LAMP_WITH_CUDA
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#endif
 
 namespace lamp::optim {
 namespace {
@@ -119,6 +117,13 @@ void fused_adam_step(
       const auto scale = on(grad_scale, bucket.device);
       const auto inf = on(found_inf, bucket.device);
       at::_foreach_add_(bucket.steps, 1);
+      // launch_multi_tensor may slice the lists; bucket.steps stays whole.
+      auto steps = bucket.steps;
+      std::vector<std::vector<torch::Tensor>*> lists{
+          &bucket.params, &bucket.grads, &bucket.a, &bucket.b};
+      if (options.amsgrad()) {
+        lists.push_back(&bucket.c);
+      }
       // NOTE: a double lr selects the plain overloads, a tensor the
       // tensor-lr ones (read on the device: graph replays see changes).
       auto run = [&](const auto& lr) {
@@ -129,7 +134,7 @@ void fused_adam_step(
               bucket.a,
               bucket.b,
               bucket.c,
-              bucket.steps,
+              steps,
               lr,
               beta1,
               beta2,
@@ -146,7 +151,7 @@ void fused_adam_step(
               bucket.a,
               bucket.b,
               bucket.c,
-              bucket.steps,
+              steps,
               lr,
               beta1,
               beta2,
@@ -158,11 +163,14 @@ void fused_adam_step(
               inf);
         }
       };
-      if (const auto lr = self.device_lr(g, bucket.device)) {
-        run(*lr);
-      } else {
-        run(options.lr());
-      }
+      const auto lr = self.device_lr(g, bucket.device);
+      detail::launch_multi_tensor(lists, &steps, [&] {
+        if (lr) {
+          run(*lr);
+        } else {
+          run(options.lr());
+        }
+      });
       if (inf) {
         // A skipped step does not count (Python does the same).
         at::_foreach_sub_(
@@ -190,19 +198,6 @@ void check_adam_options(const Options& defaults) {
 
 } // namespace
 
-namespace {
-
-bool capturing() {
-#if LAMP_WITH_CUDA
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() !=
-      c10::cuda::CaptureStatus::None;
-#else
-  return false;
-#endif
-}
-
-} // namespace
-
 void FusedOptimizer::sync_device_lr() {
   torch::NoGradGuard no_grad;
   for (auto& entry : device_lrs_) {
@@ -225,7 +220,7 @@ std::optional<torch::Tensor> FusedOptimizer::device_lr(
     if (entry.group == group && entry.device == device) {
       // NOTE: not during capture: the fill would be replayed with the
       // value of the capture. GraphedStep syncs before each replay.
-      if (entry.value != lr && !capturing()) {
+      if (entry.value != lr && !detail::capturing()) {
         entry.lr.fill_(lr);
         entry.value = lr;
       }
@@ -374,6 +369,11 @@ void FusedSGD::step_scaled(
       }
     }
     for (auto& bucket : buckets) {
+      std::vector<std::vector<torch::Tensor>*> lists{
+          &bucket.params, &bucket.grads};
+      if (momentum) {
+        lists.push_back(&bucket.a);
+      }
       auto run = [&](const auto& lr) {
         at::_fused_sgd_(
             bucket.params,
@@ -389,11 +389,14 @@ void FusedSGD::step_scaled(
             on(grad_scale, bucket.device),
             on(found_inf, bucket.device));
       };
-      if (const auto lr = device_lr(g, bucket.device)) {
-        run(*lr);
-      } else {
-        run(options.lr());
-      }
+      const auto lr = device_lr(g, bucket.device);
+      detail::launch_multi_tensor(lists, nullptr, [&] {
+        if (lr) {
+          run(*lr);
+        } else {
+          run(options.lr());
+        }
+      });
     }
   }
 }

@@ -63,21 +63,25 @@ TEST(GraphedStep, RejectsBadOptionsAndCpuInputs) {
 
 #if LAMP_WITH_CUDA
 
-// A small AMP training step; `conv` adds BatchNorm and channels-last.
+// A small AMP training step; `conv` adds BatchNorm and channels-last, `sgd`
+// trains with FusedSGD (momentum) instead of FusedAdam. In capture, the
+// fused kernels get the large tensors in slices, over 2-3 graph branches.
 struct Trainer {
-  explicit Trainer(bool conv) : conv(conv) {
+  explicit Trainer(bool conv, bool sgd = false) : conv(conv) {
     torch::manual_seed(7);
     if (conv) {
-      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)));
-      net->push_back(torch::nn::BatchNorm2d(8));
+      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3)));
+      net->push_back(torch::nn::BatchNorm2d(32));
+      net->push_back(torch::nn::ReLU());
+      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
       net->push_back(torch::nn::ReLU());
       net->push_back(torch::nn::AdaptiveAvgPool2d(1));
       net->push_back(torch::nn::Flatten());
-      net->push_back(torch::nn::Linear(8, 10));
-    } else {
-      net->push_back(torch::nn::Linear(32, 64));
-      net->push_back(torch::nn::ReLU());
       net->push_back(torch::nn::Linear(64, 10));
+    } else {
+      net->push_back(torch::nn::Linear(32, 8192));
+      net->push_back(torch::nn::ReLU());
+      net->push_back(torch::nn::Linear(8192, 10));
     }
     net->to(torch::kCUDA);
     if (conv) {
@@ -87,8 +91,13 @@ struct Trainer {
         }
       }
     }
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
+    if (sgd) {
+      optimizer = std::make_unique<lamp::optim::FusedSGD>(
+          net->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+    } else {
+      optimizer = std::make_unique<lamp::optim::FusedAdam>(
+          net->parameters(), torch::optim::AdamOptions(1e-2));
+    }
   }
 
   torch::Tensor step(const std::vector<torch::Tensor>& in) {
@@ -119,7 +128,7 @@ struct Trainer {
   torch::nn::Sequential net;
   lamp::GradScaler scaler{
       lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
+  std::unique_ptr<lamp::optim::FusedOptimizer> optimizer;
 };
 
 std::vector<std::vector<torch::Tensor>> batches(bool conv, int64_t n) {
@@ -143,16 +152,16 @@ std::vector<std::vector<torch::Tensor>> batches(bool conv, int64_t n) {
 class GraphedStepGpu : public lamp::test::GpuTest {
  protected:
   // N graphed steps against N eager ones from the same start.
-  void expect_same_training(bool conv) {
+  void expect_same_training(bool conv, bool sgd = false) {
     const auto data = batches(conv, 12);
-    Trainer eager(conv);
+    Trainer eager(conv, sgd);
     std::vector<double> eager_scales;
     for (const auto& batch : data) {
       eager.step(batch);
       eager_scales.push_back(eager.scaler.get_scale());
     }
 
-    Trainer graphed(conv);
+    Trainer graphed(conv, sgd);
     lamp::GraphedStep step(
         [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
         data[0],
@@ -183,6 +192,10 @@ TEST_F(GraphedStepGpu, MatchesEagerStepsIncludingSkippedOnes) {
 
 TEST_F(GraphedStepGpu, MatchesEagerWithBatchNormAndChannelsLast) {
   expect_same_training(/*conv=*/true);
+}
+
+TEST_F(GraphedStepGpu, MatchesEagerWithFusedSgdMomentum) {
+  expect_same_training(/*conv=*/false, /*sgd=*/true);
 }
 
 TEST_F(GraphedStepGpu, ReplaysWithoutTouchingTheHost) {
@@ -295,15 +308,16 @@ TEST_F(GraphedStepGpu, TorchOptimUnderTheScalerCannotBeCaptured) {
   torch::cuda::synchronize();
   at::cuda::CUDAGraph graph;
   c10::cuda::CUDAStreamGuard guard(side);
-  graph.capture_begin();
+  const auto pool = at::cuda::graph_pool_handle();
+  graph.capture_begin(pool);
   expect_error(run, "a torch::optim optimizer inside CUDA graph capture");
   cudaGraph_t partial = nullptr;
   (void)cudaStreamEndCapture(side, &partial);
   if (partial) {
     cudaGraphDestroy(partial);
   }
-  c10::cuda::CUDACachingAllocator::endAllocateToPool(
-      side.device_index(), graph.pool());
+  c10::cuda::CUDACachingAllocator::endAllocateToPool(side.device_index(), pool);
+  c10::cuda::CUDACachingAllocator::releasePool(side.device_index(), pool);
   at::cuda::CUDAGraph repair; // runs the generator's capture epilogue
   repair.capture_begin();
   repair.capture_end();
