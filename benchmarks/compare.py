@@ -196,7 +196,8 @@ def main():
         header += ("C++ graph ms", "Py/graph")
     lines = []
     for model, precision, batch, cl, cpp, py, graph in rows:
-        name = f"{model} bs{batch} {'NHWC' if cl else 'NCHW'} {precision}"
+        layout = ("NHWC " if cl else "NCHW ") if model == "resnet50" else ""
+        name = f"{model} bs{batch} {layout}{precision}"
         base = fp32.get((model, batch, cl))
         amp = f"{base / step_ms(cpp):.2f}x" if base and precision != "fp32" else ""
         lines.append((name, f"{step_ms(cpp):.2f}", f"{step_ms(py):.2f}",

@@ -187,9 +187,8 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     auto& found_inf = replica(found_inf_per_device, group.device, [&] {
       return at::zeros({}, inv_scale.options().device(group.device));
     });
-    const auto& inv = replica(inv_scales, group.device, [&] {
-      return on(inv_scale, group.device);
-    });
+    const auto& inv = replica(
+        inv_scales, group.device, [&] { return on(inv_scale, group.device); });
     detail::launch_multi_tensor({&group.grads}, nullptr, [&] {
       at::_amp_foreach_non_finite_check_and_unscale_(
           group.grads, found_inf, inv);
