@@ -60,14 +60,14 @@ void launch_multi_tensor(
     const std::vector<std::vector<at::Tensor>*>& lists,
     std::vector<at::Tensor>* repeat,
     const Launch& launch) {
-  constexpr int64_t kMinSlice = 4096; // two passes of a 512-thread block
-  constexpr int64_t kMaxBranches = 4;
   if (!capturing() || lists.empty() || lists.front()->empty() ||
       !lists.front()->front().is_cuda()) {
     launch();
     return;
   }
 #if LAMP_WITH_CUDA
+  constexpr int64_t kMinSlice = 4096; // two passes of a 512-thread block
+  constexpr int64_t kMaxBranches = 4;
   const auto& first = *lists.front();
   const auto n = static_cast<int64_t>(first.size());
   const int64_t per_launch = max_tensors_per_launch(lists.size());
