@@ -60,8 +60,9 @@ void launch_multi_tensor(
     const std::vector<std::vector<at::Tensor>*>& lists,
     std::vector<at::Tensor>* repeat,
     const Launch& launch) {
-  if (!capturing() || lists.empty() || lists.front()->empty() ||
-      !lists.front()->front().is_cuda()) {
+  // NOTE: is_cuda() first: asking about capture initialises CUDA.
+  if (lists.empty() || lists.front()->empty() ||
+      !lists.front()->front().is_cuda() || !capturing()) {
     launch();
     return;
   }
