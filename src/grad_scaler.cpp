@@ -335,55 +335,106 @@ double GradScaler::get_scale() const {
   return scale_.defined() ? scale_.item<double>() : options_.init_scale();
 }
 
-void GradScaler::save(torch::serialize::OutputArchive& archive) const {
-  archive.write("lamp_version", c10::IValue(kLampStateVersion));
+StateDict GradScaler::state_dict() const {
+  auto state = new_state_dict();
+  if (!options_.enabled()) {
+    return state;
+  }
+  state.insert("scale", get_scale());
+  state.insert("growth_factor", options_.growth_factor());
+  state.insert("backoff_factor", options_.backoff_factor());
+  state.insert("growth_interval", options_.growth_interval());
+  state.insert(
+      "_growth_tracker",
+      growth_tracker_.defined() ? growth_tracker_.item<int64_t>()
+                                : init_growth_tracker_);
+  return state;
+}
+
+void GradScaler::load_state_dict(const StateDict& state) {
   if (!options_.enabled()) {
     return;
   }
-  archive.write("scale", c10::IValue(get_scale()));
-  archive.write("growth_factor", c10::IValue(options_.growth_factor()));
-  archive.write("backoff_factor", c10::IValue(options_.backoff_factor()));
-  archive.write("growth_interval", c10::IValue(options_.growth_interval()));
-  const int64_t tracker = growth_tracker_.defined()
-      ? growth_tracker_.item<int64_t>()
-      : init_growth_tracker_;
-  archive.write("_growth_tracker", c10::IValue(tracker));
+  TORCH_CHECK(
+      !state.empty(),
+      "The source state dict is empty, possibly because it was saved from a "
+      "disabled instance of GradScaler.");
+  auto read = [&](const char* key, bool integer) {
+    const auto it = state.find(key);
+    TORCH_CHECK(
+        it != state.end(),
+        "lamp::GradScaler::load_state_dict: missing key '",
+        key,
+        "'");
+    const auto& v = it->value();
+    TORCH_CHECK(
+        v.isInt() || (!integer && v.isDouble()),
+        "lamp::GradScaler::load_state_dict: key '",
+        key,
+        "' should be ",
+        integer ? "an int" : "a number",
+        ", found ",
+        v.tagKind());
+    return v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble();
+  };
+  if (const auto it = state.find("lamp_version"); it != state.end()) {
+    TORCH_CHECK(
+        it->value().isInt() && it->value().toInt() <= kLampStateVersion,
+        "lamp::GradScaler::load: the state was written by a newer lamp "
+        "(state version ",
+        it->value(),
+        ", this lamp reads up to ",
+        kLampStateVersion,
+        "); upgrade lamp.");
+  }
+  const double scale = read("scale", false);
+  const double growth_factor = read("growth_factor", false);
+  const double backoff_factor = read("backoff_factor", false);
+  const auto growth_interval =
+      static_cast<int64_t>(read("growth_interval", true));
+  const auto tracker = static_cast<int64_t>(read("_growth_tracker", true));
+  // Everything read: now assign.
+  options_.init_scale(scale);
+  options_.growth_factor(growth_factor);
+  options_.backoff_factor(backoff_factor);
+  options_.growth_interval(growth_interval);
+  init_growth_tracker_ = tracker;
+  if (scale_.defined()) {
+    scale_.fill_(scale);
+  }
+  if (growth_tracker_.defined()) {
+    growth_tracker_.fill_(tracker);
+  }
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("lamp_version", c10::IValue(kLampStateVersion));
+  for (const auto& entry : state_dict()) {
+    archive.write(entry.key(), entry.value());
+  }
 }
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
   if (!options_.enabled()) {
     return;
   }
-  c10::IValue value;
-  if (archive.try_read("lamp_version", value)) {
-    TORCH_CHECK(
-        value.toInt() <= kLampStateVersion,
-        "lamp::GradScaler::load: the state was written by a newer lamp "
-        "(state version ",
-        value.toInt(),
-        ", this lamp reads up to ",
-        kLampStateVersion,
-        "); upgrade lamp.");
+  auto state = new_state_dict();
+  for (const auto* key :
+       {"lamp_version",
+        "scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "_growth_tracker"}) {
+    c10::IValue value;
+    if (archive.try_read(key, value)) {
+      state.insert(key, value);
+    }
   }
-  TORCH_CHECK(
-      archive.try_read("scale", value),
-      "The source state dict is empty, possibly because it was saved from a "
-      "disabled instance of GradScaler.");
-  options_.init_scale(value.toDouble());
-  if (scale_.defined()) {
-    scale_.fill_(value.toDouble());
+  if (state.size() == 1 && state.contains("lamp_version")) {
+    state.clear(); // saved from a disabled scaler: Python's error
   }
-  archive.read("growth_factor", value);
-  options_.growth_factor(value.toDouble());
-  archive.read("backoff_factor", value);
-  options_.backoff_factor(value.toDouble());
-  archive.read("growth_interval", value);
-  options_.growth_interval(value.toInt());
-  archive.read("_growth_tracker", value);
-  init_growth_tracker_ = value.toInt();
-  if (growth_tracker_.defined()) {
-    growth_tracker_.fill_(init_growth_tracker_);
-  }
+  load_state_dict(state);
 }
 
 torch::serialize::OutputArchive& operator<<(

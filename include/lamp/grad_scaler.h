@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <lamp/export.h>
+#include <lamp/state_dict.h>
 
 namespace lamp {
 namespace dist {
@@ -159,6 +161,16 @@ class LAMP_API GradScaler {
   void set_growth_interval(int64_t new_interval) {
     options_.growth_interval(new_interval);
   }
+
+  /// Python's `state_dict()`: `scale`, `growth_factor`, `backoff_factor`,
+  /// `growth_interval`, `_growth_tracker`; empty when disabled. Reads the
+  /// scale and tracker from the device (a host sync).
+  StateDict state_dict() const;
+  /// Python's `load_state_dict()`. Checks every key and type first: a bad
+  /// dict throws `c10::Error` naming the key and changes nothing. Throws
+  /// for an empty dict (saved from a disabled scaler), as Python. No-op
+  /// when disabled.
+  void load_state_dict(const StateDict& state);
 
   /// Writes `scale`, `growth_factor`, `backoff_factor`, `growth_interval`
   /// and `_growth_tracker` (Python's state_dict keys; nothing when disabled)

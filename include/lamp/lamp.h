@@ -5,8 +5,10 @@
 
 #include <lamp/autocast.h>
 #include <lamp/build_info.h>
+#include <lamp/checkpoint.h>
 #include <lamp/config.h>
 #include <lamp/cuda_graph.h>
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/optim.h>
+#include <lamp/state_dict.h>

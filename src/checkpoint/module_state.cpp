@@ -1,0 +1,124 @@
+#include "state_dict.h"
+
+#include <ATen/core/Dict.h>
+#include <c10/util/Exception.h>
+#include <torch/utils.h>
+
+#include <set>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace lamp::detail {
+namespace {
+
+// (name, tensor) in Python's state_dict order.
+std::vector<std::pair<std::string, torch::Tensor>> entries(
+    const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    const auto prefix = item.key().empty() ? "" : item.key() + ".";
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      out.emplace_back(prefix + p.key(), p.value());
+    }
+    for (const auto& b : item.value()->named_buffers(/*recurse=*/false)) {
+      out.emplace_back(prefix + b.key(), b.value());
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+std::string shape_string(c10::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+c10::impl::GenericDict module_state_dict(const torch::nn::Module& module) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : entries(module)) {
+    if (tensor.defined()) {
+      dict.insert(name, tensor.detach().to(at::kCPU));
+    }
+  }
+  return dict;
+}
+
+void check_module_state_dict(
+    const torch::nn::Module& module,
+    const c10::IValue& state) {
+  TORCH_CHECK(
+      state.isGenericDict(),
+      "expected a dict of tensors by name (a module's state_dict), found ",
+      state.tagKind());
+  const auto dict = state.toGenericDict();
+  std::set<std::string> expected;
+  for (const auto& [name, tensor] : entries(module)) {
+    if (!tensor.defined()) {
+      continue;
+    }
+    expected.insert(name);
+    const auto it = dict.find(name);
+    TORCH_CHECK(
+        it != dict.end(),
+        "missing key '",
+        name,
+        "' (the model has it, the checkpoint does not: another model's "
+        "checkpoint?)");
+    const auto& value = it->value();
+    TORCH_CHECK(
+        value.isTensor(),
+        "key '",
+        name,
+        "' holds a ",
+        value.tagKind(),
+        ", not a tensor");
+    const auto& saved = value.toTensor();
+    TORCH_CHECK(
+        saved.sizes() == tensor.sizes(),
+        "key '",
+        name,
+        "' has shape ",
+        shape_string(saved.sizes()),
+        " in the checkpoint and ",
+        shape_string(tensor.sizes()),
+        " in the model");
+    TORCH_CHECK(
+        saved.scalar_type() == tensor.scalar_type(),
+        "key '",
+        name,
+        "' has dtype ",
+        saved.scalar_type(),
+        " in the checkpoint and ",
+        tensor.scalar_type(),
+        " in the model");
+  }
+  for (const auto& entry : dict) {
+    TORCH_CHECK(
+        entry.key().isString(),
+        "a key of the model's state is not a string: ",
+        entry.key());
+    TORCH_CHECK(
+        expected.count(entry.key().toStringRef()) == 1,
+        "unexpected key '",
+        entry.key().toStringRef(),
+        "' (the checkpoint has it, the model does not: another model's "
+        "checkpoint?)");
+  }
+}
+
+void load_module_state_dict(
+    torch::nn::Module& module,
+    const c10::IValue& state) {
+  const auto dict = state.toGenericDict();
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : entries(module)) {
+    if (tensor.defined()) {
+      tensor.copy_(dict.at(name).toTensor());
+    }
+  }
+}
+
+} // namespace lamp::detail

@@ -1,0 +1,61 @@
+"""Python's side of the checkpoint interop tests (tests/checkpoint_test.cpp).
+
+  checkpoint_oracle.py resnet50 CKPT
+      Loads lamp's ResNet-50 checkpoint with torch.load(weights_only=True)
+      into torchvision's resnet50 (strict=True) and checks that it computes
+      the output lamp saved beside it. Prints "max_abs_diff D".
+  checkpoint_oracle.py mlp CKPT OUT
+      Loads lamp's checkpoint of an MLP, FusedAdam and GradScaler into
+      nn.Sequential, torch.optim.Adam(fused=True) and torch.amp.GradScaler,
+      takes one AMP step on the batch saved in it, and writes the result as
+      a checkpoint in the same layout (model.state_dict() as it is, an
+      OrderedDict) to OUT.
+  checkpoint_oracle.py newer OUT
+      Writes a checkpoint whose format version is newer than lamp's.
+"""
+
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch
+
+
+def resnet50(path):
+    import torchvision
+
+    ckpt = torch.load(path, weights_only=True)
+    model = torchvision.models.resnet50()
+    model.load_state_dict(ckpt["model"], strict=True)
+    model.eval()
+    with torch.no_grad():
+        out = model(ckpt["input"])
+    print("max_abs_diff", (out - ckpt["output"]).abs().max().item())
+
+
+def mlp(path, out):
+    ckpt = torch.load(path, weights_only=True)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model.load_state_dict(ckpt["model"], strict=True)
+    opt = torch.optim.Adam(model.parameters(), fused=True)
+    opt.load_state_dict(ckpt["optimizer"])
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict(ckpt["scaler"])
+    opt.zero_grad()
+    loss = model(ckpt["x"]).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scaler": scaler.state_dict(), "step": ckpt["step"] + 1,
+                "x": ckpt["x"]}, out)
+
+
+def newer(out):
+    torch.save({"lamp": {"format_version": 99, "step": 1}}, out)
+
+
+if __name__ == "__main__":
+    {"resnet50": resnet50, "mlp": mlp, "newer": newer}[sys.argv[1]](*sys.argv[2:])
