@@ -19,6 +19,38 @@
 #include <string>
 
 namespace lamp {
+namespace {
+
+// Calls f(group, name, value) for each hyperparameter a captured step bakes
+// in: all but the learning rate (which the fused optimizers read from the
+// device). No allocation: it runs before every replay.
+template <typename F>
+void for_each_hyperparameter(const torch::optim::Optimizer& optimizer, F f) {
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& options = groups[g].options();
+    auto adam_like = [&](const auto& o) {
+      f(g, "betas[0]", std::get<0>(o.betas()));
+      f(g, "betas[1]", std::get<1>(o.betas()));
+      f(g, "eps", o.eps());
+      f(g, "weight_decay", o.weight_decay());
+      f(g, "amsgrad", o.amsgrad() ? 1.0 : 0.0);
+    };
+    if (dynamic_cast<const optim::FusedAdamW*>(&optimizer)) {
+      adam_like(static_cast<const torch::optim::AdamWOptions&>(options));
+    } else if (dynamic_cast<const optim::FusedAdam*>(&optimizer)) {
+      adam_like(static_cast<const torch::optim::AdamOptions&>(options));
+    } else if (dynamic_cast<const optim::FusedSGD*>(&optimizer)) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+      f(g, "momentum", o.momentum());
+      f(g, "dampening", o.dampening());
+      f(g, "weight_decay", o.weight_decay());
+      f(g, "nesterov", o.nesterov() ? 1.0 : 0.0);
+    }
+  }
+}
+
+} // namespace
 
 struct GraphedStep::Impl {
   Function step;
@@ -33,11 +65,53 @@ struct GraphedStep::Impl {
   at::cuda::MempoolId_t pool{0, 0}; // the graph's private memory pool
 #endif
 
+  std::vector<double> captured_hyperparameters; // of all optimizers, in order
+
   // Learning rates live in device tensors that the captured kernels read;
   // bring them up to date before the graph runs.
   void sync_learning_rates() {
     for (auto* optimizer : optimizers) {
       static_cast<optim::FusedOptimizer*>(optimizer)->sync_device_lr();
+    }
+  }
+
+  void record_hyperparameters() {
+    captured_hyperparameters.clear();
+    for (auto* optimizer : optimizers) {
+      for_each_hyperparameter(*optimizer, [&](size_t, const char*, double v) {
+        captured_hyperparameters.push_back(v);
+      });
+    }
+  }
+
+  // Other hyperparameters are kernel arguments in the graph: a change
+  // (e.g. OneCycleLR cycling beta1 or momentum) would silently not apply.
+  void check_hyperparameters() const {
+    size_t k = 0;
+    for (size_t i = 0; i < optimizers.size(); ++i) {
+      for_each_hyperparameter(
+          *optimizers[i], [&](size_t group, const char* name, double now) {
+            const double then = k < captured_hyperparameters.size()
+                ? captured_hyperparameters[k]
+                : now;
+            ++k;
+            TORCH_CHECK(
+                now == then,
+                "lamp::GraphedStep: optimizer #",
+                i,
+                ", param group ",
+                group,
+                ": ",
+                name,
+                " changed from ",
+                then,
+                " to ",
+                now,
+                " after the step was captured. A captured step bakes in "
+                "every hyperparameter but the learning rate: call reset() "
+                "after such a change (the next call captures again), or keep "
+                "it fixed (e.g. OneCycleLR with cycle_momentum = false).");
+          });
     }
   }
 
@@ -251,7 +325,10 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
   }
   impl.sync_learning_rates();
   if (!impl.graph) {
+    impl.record_hyperparameters();
     impl.capture();
+  } else {
+    impl.check_hyperparameters();
   }
   ++impl.calls;
   impl.graph->replay();

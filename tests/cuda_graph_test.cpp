@@ -287,6 +287,31 @@ TEST_F(GraphedStepGpu, LearningRateScheduleReachesTheGraph) {
   }
 }
 
+// beta1 is a kernel argument inside the graph: changing it after the capture
+// (as OneCycleLR's momentum cycling would) must not be silently ignored.
+TEST_F(GraphedStepGpu, HyperparameterChangeAfterCaptureIsAClearError) {
+  const auto data = batches(false, 6);
+  Trainer graphed(false);
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
+      data[0],
+      {graphed.optimizer.get()});
+  for (int64_t i = 0; i < 5; ++i) {
+    step(data[i]); // 3 warm-up steps, the capture, a replay
+  }
+  ASSERT_TRUE(step.is_captured());
+  auto& options = static_cast<torch::optim::AdamOptions&>(
+      graphed.optimizer->param_groups()[0].options());
+  options.betas(std::make_tuple(0.85, 0.999));
+  expect_error(
+      [&] { step(data[5]); },
+      "param group 0: betas[0] changed from 0.9 to 0.85 after the step was "
+      "captured");
+  step.reset(); // captures again with the new beta1
+  step(data[5]);
+  EXPECT_TRUE(step.is_captured());
+}
+
 TEST_F(GraphedStepGpu, TorchOptimUnderTheScalerCannotBeCaptured) {
   // Bypass GraphedStep's own check: GradScaler itself must refuse.
   torch::nn::Linear model(8, 2);

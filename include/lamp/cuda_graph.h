@@ -51,8 +51,9 @@ struct LAMP_API GraphedStepOptions {
 ///   switches the optimizers to device-resident learning rates
 ///   (`FusedOptimizer::use_device_lr`) and updates them before every replay,
 ///   so lr schedules work; betas, eps, weight decay and momentum are baked
-///   into the graph (call `reset()` after changing them: the next call
-///   captures again).
+///   into the graph: a call after changing one of them throws, naming it
+///   (call `reset()` after the change: the next call captures again).
+///   Step LR schedulers outside the step function.
 ///
 /// Works with `GradScaler` (overflow skips the step on the device and the
 /// scale backs off, inside the graph), BatchNorm, channels-last and
