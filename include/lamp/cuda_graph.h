@@ -43,7 +43,8 @@ struct LAMP_API GraphedStepOptions {
 ///   FusedSGD): torch::optim optimizers keep step counts on the host and,
 ///   under GradScaler, read found_inf on the host;
 /// - free of host syncs (`.item()`, `.cpu()`, printing tensors,
-///   `find_unused_parameters`);
+///   `find_unused_parameters`, LibTorch's `torch::nn::utils::
+///   clip_grad_norm_`: clip with `lamp::clip_grad_norm_` instead);
 /// - of fixed shapes: every batch must have the static inputs' shapes and
 ///   dtypes (pad or drop a last partial batch, or use one GraphedStep per
 ///   shape);

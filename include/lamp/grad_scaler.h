@@ -70,7 +70,10 @@ struct LAMP_API GradScalerOptions {
 /// kernel unscales and skips on the device and the whole
 /// `scale`/`step`/`update` sequence never synchronises, so it can be
 /// captured in a CUDA graph. `get_scale()` synchronises; watch
-/// `get_scale_async()` and `get_found_inf_async()` instead.
+/// `get_scale_async()` and `get_found_inf_async()` instead. Clip between
+/// `unscale_` and `step` with `lamp::clip_grad_norm_` (clip_grad.h), which
+/// keeps the norm on the device; LibTorch's
+/// `torch::nn::utils::clip_grad_norm_` returns a double, a sync per step.
 ///
 /// Example:
 /// \code
@@ -84,8 +87,8 @@ struct LAMP_API GradScalerOptions {
 ///       loss = torch::cross_entropy_loss(model->forward(x), y);
 ///     }
 ///     scaler.scale(loss).backward();
-///     scaler.unscale_(optimizer);  // optional: only to look at the grads
-///     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+///     scaler.unscale_(optimizer);  // optional: to clip unscaled grads
+///     lamp::clip_grad_norm_(model->parameters(), 1.0);  // no host sync
 ///     scaler.step(optimizer);
 ///     scaler.update();
 ///   }

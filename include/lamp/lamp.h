@@ -6,6 +6,7 @@
 #include <lamp/autocast.h>
 #include <lamp/build_info.h>
 #include <lamp/checkpoint.h>
+#include <lamp/clip_grad.h>
 #include <lamp/config.h>
 #include <lamp/cuda_graph.h>
 #include <lamp/distributed.h>
