@@ -9,4 +9,5 @@
 #include <lamp/cuda_graph.h>
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
+#include <lamp/lr_scheduler.h>
 #include <lamp/optim.h>
