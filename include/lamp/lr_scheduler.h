@@ -9,7 +9,13 @@
 /// - factor.h: LambdaLR, MultiplicativeLR, ConstantLR, LinearLR
 /// - decay.h: StepLR, MultiStepLR, ExponentialLR, PolynomialLR,
 ///   CosineAnnealingLR
+/// - cyclic.h: CosineAnnealingWarmRestarts, OneCycleLR
+/// - composite.h: SequentialLR, ChainedScheduler
+/// - plateau.h: ReduceLROnPlateau
 
 #include <lamp/lr_scheduler/base.h>
+#include <lamp/lr_scheduler/composite.h>
+#include <lamp/lr_scheduler/cyclic.h>
 #include <lamp/lr_scheduler/decay.h>
 #include <lamp/lr_scheduler/factor.h>
+#include <lamp/lr_scheduler/plateau.h>
