@@ -5,14 +5,18 @@
 // With --ddp, data-parallel over the processes torchrun starts (one GPU
 // each): every rank trains on its own shard of the training set, batch
 // --batch-size each, and evaluates the whole test set.
-//   torchrun --no-python --nproc_per_node=2 mlp_amp --ddp
 //
 // The data are the gzip IDX files of the Debian package dataset-fashion-mnist
 // (/usr/share/datasets/fashion-mnist), read with zlib.
 //
-//   mlp_amp                                   # 10 epochs, fp16 on CUDA / bf16
-//   on CPU mlp_amp --precision all                   # fp32, fp16, bf16 side by
-//   side mlp_amp --data DIR --epochs 3 --lr 1e-3
+// clang-format off
+//   mlp_amp                                  # 10 epochs, fp16 on CUDA, bf16 on the CPU
+//   mlp_amp --precision all                  # fp32, fp16, bf16 side by side
+//   mlp_amp --data DIR --epochs 3 --lr 1e-3
+//   mlp_amp --lr-schedule cosine --warmup-steps 500 --clip-grad-norm 1
+//   mlp_amp --checkpoint-dir ckpt --checkpoint-every 1000 [--resume]
+//   torchrun --no-python --nproc_per_node=2 mlp_amp --ddp
+// clang-format on
 
 #include <lamp/lamp.h>
 
@@ -31,6 +35,8 @@
 #include <vector>
 
 #include "../common.h"
+#include "../progress.h"
+#include "../training.h"
 
 namespace {
 
@@ -50,6 +56,7 @@ struct Options {
   std::string metrics;
   double min_accuracy = 0;
   double max_accuracy_gap = 1;
+  examples::RunOptions run;
 };
 
 [[noreturn]] void data_error(const std::string& path, const std::string& why) {
@@ -178,6 +185,32 @@ Result train(
   lamp::GradScaler scaler(
       lamp::GradScalerOptions().enabled(precision.name == "fp16"));
 
+  const int64_t n = data.train_x.size(0) / world_size; // samples per rank
+  // NOTE: a graph replays one shape: it drops each epoch's last partial batch.
+  const int64_t steps_per_epoch = opt.cuda_graph
+      ? n / opt.batch_size
+      : (n + opt.batch_size - 1) / opt.batch_size;
+  const int64_t total_steps = opt.epochs * steps_per_epoch;
+  const auto schedule =
+      examples::make_schedule(optimizer, opt.run, total_steps, opt.cuda_graph);
+
+  // Everything a resumed run needs: the step fixes the epoch and the batch
+  // (the data order is a function of the epoch), the loss summed so far
+  // continues the epoch's average.
+  int64_t step = 0;
+  auto loss_sum = torch::zeros({}, torch::TensorOptions(device));
+  lamp::TrainingState state;
+  state.add("model", *model)
+      .add("optimizer", optimizer)
+      .add("scaler", scaler)
+      .add("step", step)
+      .add("epoch_loss_sum", loss_sum);
+  if (schedule) {
+    state.add("scheduler", *schedule);
+  }
+  examples::RunCheckpoints checkpoints(opt.run, pg, "mlp_amp");
+  step = checkpoints.resume(state, print);
+
   auto accuracy = [&] {
     torch::NoGradGuard no_grad;
     model->eval();
@@ -204,12 +237,13 @@ Result train(
       loss = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(loss).backward();
+    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
     scaler.step(optimizer);
     scaler.update();
     return loss;
   };
   // --cuda-graph: the whole step captured once (lamp::GraphedStep), then
-  // replayed; the learning-rate decay below reaches the graph.
+  // replayed; the learning-rate schedule reaches the graph.
   std::optional<lamp::GraphedStep> graphed;
   if (opt.cuda_graph) {
     graphed.emplace(
@@ -221,68 +255,85 @@ Result train(
   }
 
   Result result{precision.name};
-  const int64_t n = data.train_x.size(0) / world_size; // samples per rank
-  const int64_t total_steps =
-      opt.epochs * ((n + opt.batch_size - 1) / opt.batch_size);
-  int64_t step = 0;
+  examples::Progress progress(
+      precision.name, total_steps, step, opt.log_every, print);
+  int64_t done = 0; // steps run by this process
   double total_ms = 0;
-  for (int64_t epoch = 1; epoch <= opt.epochs; ++epoch) {
-    // NOTE: as torch.utils.data.DistributedSampler(drop_last=True): all
-    // ranks draw the same permutation (same seed, same random calls so far)
-    // and each takes every world_size-th index from its rank on, so the
-    // shards are disjoint and every rank takes the same number of steps.
+  for (int64_t epoch = step / steps_per_epoch + 1; epoch <= opt.epochs;
+       ++epoch) {
+    // NOTE: as torch.utils.data.DistributedSampler(drop_last=True): every
+    // rank draws the same permutation, from a generator seeded with the
+    // seed and the epoch (so a resumed run draws it again), and takes every
+    // world_size-th index from its rank on: disjoint shards of equal size.
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(opt.seed + epoch));
     const auto order =
         torch::randperm(
-            data.train_x.size(0),
-            torch::TensorOptions(device).dtype(torch::kLong))
-            .slice(0, examples::rank(pg), n * world_size, world_size);
-    auto loss_sum = torch::zeros({}, torch::TensorOptions(device));
-    int64_t batches = 0;
+            data.train_x.size(0), generator, torch::TensorOptions(torch::kLong))
+            .slice(0, examples::rank(pg), n * world_size, world_size)
+            .to(device);
+    const int64_t first = step - (epoch - 1) * steps_per_epoch;
+    if (first == 0) {
+      loss_sum.zero_();
+    }
     examples::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
-    // NOTE: a graph replays one shape: it drops the last partial batch.
-    const int64_t used = graphed ? n / opt.batch_size * opt.batch_size : n;
-    for (int64_t i = 0; i < used; i += opt.batch_size, ++batches) {
-      const auto index = order.slice(0, i, i + opt.batch_size);
+    bool stop = false;
+    for (int64_t b = first; b < steps_per_epoch && !stop; ++b) {
+      const auto index =
+          order.slice(0, b * opt.batch_size, (b + 1) * opt.batch_size);
       const auto x = data.train_x.index_select(0, index);
       const auto y = data.train_y.index_select(0, index);
-      // NOTE: the learning rate decays linearly to 0, so that the last
-      // epochs settle and runs in different precisions end comparable.
-      optimizer.param_groups()[0].options().set_lr(
-          opt.lr * (1.0 - double(step) / total_steps));
       const auto loss =
           graphed ? (*graphed)({x, y}) : train_step({x, y}).detach();
       loss_sum += loss;
-      if (++step % opt.log_every == 0) {
+      ++step;
+      ++done;
+      if (schedule) {
+        schedule->step();
+      }
+      progress.update(step, [&] {
+        return std::make_pair(loss.item<double>(), scaler.get_scale());
+      });
+      if (step % opt.log_every == 0) {
         metrics.write(
             {{"kind", std::string("step")},
              {"model", std::string("mlp")},
              {"precision", precision.name},
              {"step", step},
              {"loss", loss.item<double>()},
-             {"scale", scaler.get_scale()}});
+             {"scale", scaler.get_scale()},
+             {"lr", optimizer.param_groups()[0].options().get_lr()}});
       }
+      stop = !checkpoints.after_step(state, step, total_steps, done);
     }
     examples::synchronize(device);
-    const double ms = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
-    total_ms += ms;
-    if (world_size > 1) {
-      pg->allreduce(loss_sum, lamp::dist::ReduceOp::kAvg); // over all shards
+    total_ms += std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+    if (stop) {
+      progress.finish();
+      if (print) {
+        std::printf("mlp_amp: stopped after %lld steps (--stop-after)\n",
+                    static_cast<long long>(done));
+      }
+      std::exit(0);
     }
-    result.final_loss = loss_sum.item<double>() / batches;
+    auto epoch_loss = loss_sum.clone();
+    if (world_size > 1) {
+      pg->allreduce(epoch_loss, lamp::dist::ReduceOp::kAvg); // all shards
+    }
+    result.final_loss = epoch_loss.item<double>() / steps_per_epoch;
     // NOTE: every rank evaluates the whole test set: the replicas are equal.
     result.accuracy = accuracy();
+    progress.finish();
     if (print) {
       std::printf(
-          "[%s] epoch %2lld  train loss %.4f  test accuracy %.2f%%  %.3f "
-          "ms/step  scale %g\n",
+          "[%s] epoch %2lld  train loss %.4f  test accuracy %.2f%%  scale %g\n",
           precision.name.c_str(),
           static_cast<long long>(epoch),
           result.final_loss,
           100 * result.accuracy,
-          ms / batches,
           scaler.get_scale());
       std::fflush(stdout);
     }
@@ -295,8 +346,9 @@ Result train(
          {"train_loss", result.final_loss},
          {"test_accuracy", result.accuracy}});
   }
-  result.ms_per_step = total_ms / step;
-  result.images_per_s = world_size * n * opt.epochs * 1000.0 / total_ms;
+  result.ms_per_step = done > 0 ? total_ms / done : NAN;
+  result.images_per_s =
+      done > 0 ? world_size * opt.batch_size * done * 1000.0 / total_ms : NAN;
   result.final_scale = scaler.get_scale();
   metrics.write(
       {{"kind", std::string("summary")},
@@ -338,9 +390,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", opt.batch_size)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--lr", opt.lr, "Adam learning rate, decayed linearly to 0")
+  app.add_option("--lr", opt.lr, "Adam learning rate (see --lr-schedule)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  opt.run.lr_schedule = "linear";
+  examples::add_run_flags(app, opt.run);
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between metrics lines")
       ->check(CLI::PositiveNumber)
@@ -396,6 +450,11 @@ int main(int argc, char** argv) {
   if (opt.precision == "all") {
     names = {"fp32", "fp16", "bf16"};
   }
+  if (names.size() > 1 && !opt.run.checkpoint_dir.empty()) {
+    std::cerr << "mlp_amp: --checkpoint-dir takes one --precision (a "
+                 "checkpoint is one run)\n";
+    return 2;
+  }
   Data data;
   try {
     data = load(opt.data, *device);
@@ -409,7 +468,17 @@ int main(int argc, char** argv) {
               << "mlp_amp: MLP 784-512-10 on Fashion-MNIST ("
               << data.train_x.size(0) << " train, " << data.test_x.size(0)
               << " test images) on " << *device << ", batch " << opt.batch_size
-              << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << "\n";
+              << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << " ("
+              << opt.run.lr_schedule << " schedule"
+              << (opt.run.warmup_steps > 0
+                      ? ", " + std::to_string(opt.run.warmup_steps) +
+                          " warm-up steps"
+                      : std::string())
+              << (opt.run.clip_grad_norm > 0
+                      ? ", gradients clipped to norm " +
+                          std::to_string(opt.run.clip_grad_norm)
+                      : std::string())
+              << ")\n";
     if (pg) {
       std::cout << "mlp_amp: DDP over " << pg->world_size()
                 << " processes, each on its shard of "

@@ -4,13 +4,16 @@
 // bf16 autocast, compared in one table: median step time, images/s, peak
 // device memory, final loss and scale, speed-up and memory against fp32.
 // With --ddp, data-parallel over the processes torchrun starts (one GPU
-// each, --batch-size per GPU, images/s over all GPUs):
-//   torchrun --no-python --nproc_per_node=2 resnet50_amp --ddp --precision fp16
+// each, --batch-size per GPU, images/s over all GPUs).
 //
-//   resnet50_amp                                  # all precisions, batch 64,
-//   224x224 on CUDA resnet50_amp --precision fp16 --batch-size 256
-//   --channels-last resnet50_amp --device cpu                     # small bf16
-//   run on the CPU
+// clang-format off
+//   resnet50_amp                                   # all precisions, batch 64, 224x224 on CUDA
+//   resnet50_amp --precision fp16 --batch-size 256 --channels-last
+//   resnet50_amp --device cpu                      # a small bf16 run on the CPU
+//   resnet50_amp --precision fp16 --lr-schedule cosine --warmup-steps 10 --clip-grad-norm 1
+//   resnet50_amp --precision fp16 --checkpoint-dir ckpt --checkpoint-every 50 [--resume]
+//   torchrun --no-python --nproc_per_node=2 resnet50_amp --ddp --precision fp16
+// clang-format on
 
 #include <lamp/lamp.h>
 
@@ -26,6 +29,8 @@
 #include <vector>
 
 #include "../common.h"
+#include "../progress.h"
+#include "../training.h"
 #include "resnet50.h"
 
 namespace {
@@ -48,6 +53,7 @@ struct Options {
   double lr = 1e-4;
   int64_t seed = 0;
   std::string metrics;
+  examples::RunOptions run;
 };
 
 struct Result {
@@ -112,6 +118,22 @@ Result train(
   auto labels = torch::randint(
       1000, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
 
+  // --warmup and --steps together are the run; a resumed run continues it.
+  const int64_t total_steps = opt.warmup + opt.steps;
+  const auto schedule =
+      examples::make_schedule(optimizer, opt.run, total_steps, opt.cuda_graph);
+  int64_t step = 0;
+  lamp::TrainingState state;
+  state.add("model", *model)
+      .add("optimizer", optimizer)
+      .add("scaler", scaler)
+      .add("step", step);
+  if (schedule) {
+    state.add("scheduler", *schedule);
+  }
+  examples::RunCheckpoints checkpoints(opt.run, pg, "resnet50_amp");
+  step = checkpoints.resume(state, print);
+
   auto train_step = [&](const std::vector<torch::Tensor>& in) {
     optimizer.zero_grad();
     torch::Tensor out;
@@ -121,6 +143,7 @@ Result train(
       out = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(out).backward();
+    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
     scaler.step(optimizer);
     scaler.update();
     return out;
@@ -139,10 +162,14 @@ Result train(
   torch::Tensor loss;
   std::optional<examples::Trace> trace;
   const int64_t traced_steps = 5;
-  for (int64_t step = 1; step <= opt.warmup + opt.steps; ++step) {
+  examples::Progress progress(
+      precision.name, total_steps, step, opt.log_every, print);
+  int64_t done = 0; // steps run by this process
+  while (step < total_steps) {
     examples::synchronize(device);
     if (!opt.trace.empty() &&
-        step == opt.warmup + std::max<int64_t>(1, opt.steps - traced_steps)) {
+        step + 1 ==
+            opt.warmup + std::max<int64_t>(1, opt.steps - traced_steps)) {
       trace.emplace(
           opt.trace + "." + precision.name +
           (pg ? ".rank" + std::to_string(pg->rank()) : std::string()) +
@@ -156,42 +183,48 @@ Result train(
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - start)
                           .count();
+    ++step;
+    ++done;
+    if (schedule) {
+      schedule->step();
+    }
     const int64_t timed = step - opt.warmup;
     if (timed >= 1) {
       step_ms.push_back(ms);
     }
-    if (timed >= 1 && (timed % opt.log_every == 0 || timed == opt.steps)) {
-      const double l = loss.item<double>();
-      const double s = scaler.get_scale();
-      const double ips = world_size * opt.batch_size * 1000.0 / ms;
-      if (print) {
-        std::printf(
-            "[%s] step %4lld  loss %.4f  scale %-8g %8.1f images/s\n",
-            precision.name.c_str(),
-            static_cast<long long>(timed),
-            l,
-            s,
-            ips);
-        std::fflush(stdout);
-      }
+    progress.update(step, [&] {
+      return std::make_pair(loss.item<double>(), scaler.get_scale());
+    });
+    if (timed >= 1 && (timed % opt.log_every == 0 || step == total_steps)) {
       metrics.write(
           {{"kind", std::string("step")},
            {"model", std::string("resnet50")},
            {"precision", precision.name},
            {"step", timed},
-           {"loss", l},
-           {"scale", s},
+           {"loss", loss.item<double>()},
+           {"scale", scaler.get_scale()},
+           {"lr", optimizer.param_groups()[0].options().get_lr()},
            {"step_ms", ms},
-           {"images_per_s", ips}});
+           {"images_per_s", world_size * opt.batch_size * 1000.0 / ms}});
+    }
+    if (!checkpoints.after_step(state, step, total_steps, done)) {
+      progress.finish();
+      if (print) {
+        std::printf(
+            "resnet50_amp: stopped after %lld steps (--stop-after)\n",
+            static_cast<long long>(done));
+      }
+      std::exit(0);
     }
   }
+  progress.finish();
   if (trace) {
     trace->stop();
   }
   result.median_ms = examples::median(step_ms);
   result.images_per_s = world_size * opt.batch_size * 1000.0 / result.median_ms;
   result.peak_bytes = examples::peak_memory_bytes(device);
-  result.final_loss = loss.item<double>();
+  result.final_loss = loss.defined() ? loss.item<double>() : NAN;
   result.final_scale = scaler.get_scale();
   metrics.write(
       {{"kind", std::string("summary")},
@@ -251,6 +284,8 @@ int main(int argc, char** argv) {
       opt.cuda_graph,
       "capture the whole training step in a CUDA graph (lamp::GraphedStep) "
       "and replay it");
+  opt.run.lr_schedule = "constant";
+  examples::add_run_flags(app, opt.run);
   app.add_option(
          "--bucket-cap-mb", opt.bucket_cap_mb, "--ddp: gradient bucket size")
       ->capture_default_str();
@@ -317,6 +352,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> names = {opt.precision};
   if (opt.precision == "all") {
     names = {"fp32", "fp16", "bf16"};
+  }
+  if (names.size() > 1 && !opt.run.checkpoint_dir.empty()) {
+    std::cerr << "resnet50_amp: --checkpoint-dir takes one --precision (a "
+                 "checkpoint is one run)\n";
+    return 2;
   }
   if (print) {
     std::cout << lamp::build_info() << "\n"

@@ -11,5 +11,6 @@
 #include <lamp/cuda_graph.h>
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
+#include <lamp/lr_scheduler.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>

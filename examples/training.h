@@ -1,0 +1,193 @@
+#pragma once
+
+// What both examples share to run a whole training run: gradient clipping,
+// the learning-rate schedule, checkpoints and resume, and their flags.
+
+#include <lamp/lamp.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace examples {
+
+struct RunOptions {
+  double clip_grad_norm = 0; // 0: off
+  std::string lr_schedule;
+  int64_t warmup_steps = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0; // 0: only at the end
+  bool resume = false;
+  int64_t stop_after = 0; // 0: run to the end
+};
+
+inline void add_run_flags(CLI::App& app, RunOptions& o) {
+  app.add_option(
+         "--clip-grad-norm",
+         o.clip_grad_norm,
+         "clip the gradients' total 2-norm to this after unscaling "
+         "(lamp::clip_grad_norm_; 0 = off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option(
+         "--lr-schedule",
+         o.lr_schedule,
+         "learning rate per step: constant, linear (decay to 0), cosine "
+         "(to 0) or onecycle")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "onecycle"}))
+      ->capture_default_str();
+  app.add_option(
+         "--warmup-steps",
+         o.warmup_steps,
+         "linear learning-rate warm-up before the schedule (onecycle: its "
+         "rising phase)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option(
+      "--checkpoint-dir",
+      o.checkpoint_dir,
+      "write checkpoints (model, optimizer, scaler, schedule, step, RNG) "
+      "to this folder, the newest 3 kept");
+  app.add_option(
+         "--checkpoint-every",
+         o.checkpoint_every,
+         "steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag(
+      "--resume",
+      o.resume,
+      "continue from the newest checkpoint in --checkpoint-dir (from the "
+      "start if there is none); the run ends where the uninterrupted run "
+      "ends");
+  app.add_option(
+         "--stop-after",
+         o.stop_after,
+         "stop this process after this many steps, as if killed (to try "
+         "--resume)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+/// The per-step learning-rate schedule of `o` over `total` steps, or null
+/// for a constant rate without warm-up. `graphed`: OneCycleLR then keeps
+/// beta1 fixed (a captured step bakes it in).
+inline std::shared_ptr<lamp::optim::LRScheduler> make_schedule(
+    torch::optim::Optimizer& optimizer,
+    const RunOptions& o,
+    int64_t total,
+    bool graphed) {
+  namespace lo = lamp::optim;
+  const double lr = optimizer.param_groups()[0].options().get_lr();
+  if (o.lr_schedule == "onecycle") {
+    auto options = lo::OneCycleLROptions(lr).total_steps(total);
+    if (o.warmup_steps > 0) {
+      options.pct_start(double(o.warmup_steps) / total);
+    }
+    options.cycle_momentum(!graphed);
+    return std::make_shared<lo::OneCycleLR>(optimizer, options);
+  }
+  const int64_t warmup = std::min(o.warmup_steps, total);
+  const int64_t rest = std::max<int64_t>(total - warmup, 1);
+  std::shared_ptr<lo::LRScheduler> main;
+  if (o.lr_schedule == "linear") {
+    main = std::make_shared<lo::LinearLR>(optimizer, 1.0, 0.0, rest);
+  } else if (o.lr_schedule == "cosine") {
+    main = std::make_shared<lo::CosineAnnealingLR>(optimizer, rest);
+  } else if (warmup > 0) {
+    main = std::make_shared<lo::ConstantLR>(optimizer, 1.0, 0);
+  }
+  if (warmup == 0) {
+    return main;
+  }
+  auto ramp =
+      std::make_shared<lo::LinearLR>(optimizer, 1.0 / warmup, 1.0, warmup);
+  return std::make_shared<lo::SequentialLR>(
+      optimizer,
+      std::vector<std::shared_ptr<lo::LRScheduler>>{ramp, main},
+      std::vector<int64_t>{warmup});
+}
+
+/// Unscales (a no-op without loss scaling) and clips the gradients of
+/// `optimizer` to `max_norm`, on the device: no host sync, graph-safe.
+inline void clip_gradients(
+    lamp::GradScaler& scaler,
+    torch::optim::Optimizer& optimizer,
+    double max_norm) {
+  if (max_norm <= 0) {
+    return;
+  }
+  scaler.unscale_(optimizer);
+  std::vector<torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups()) {
+    params.insert(params.end(), group.params().begin(), group.params().end());
+  }
+  lamp::clip_grad_norm_(params, max_norm);
+}
+
+/// --checkpoint-dir, --checkpoint-every, --resume and --stop-after.
+class RunCheckpoints {
+ public:
+  RunCheckpoints(
+      const RunOptions& o,
+      std::shared_ptr<lamp::dist::ProcessGroup> pg,
+      std::string program)
+      : options_(o), program_(std::move(program)) {
+    if (!o.checkpoint_dir.empty()) {
+      manager_.emplace(
+          o.checkpoint_dir,
+          lamp::CheckpointManagerOptions().process_group(std::move(pg)));
+    }
+  }
+
+  /// The step to start after: the newest checkpoint's with --resume, else
+  /// 0. `print`: this rank says what it did.
+  int64_t resume(lamp::TrainingState& state, bool print) {
+    if (!manager_ || !options_.resume) {
+      return 0;
+    }
+    const auto step = manager_->load_latest(state);
+    if (print) {
+      if (step) {
+        std::printf(
+            "%s: resumed from %s at step %lld\n",
+            program_.c_str(),
+            manager_->latest()->c_str(),
+            static_cast<long long>(*step));
+      } else {
+        std::printf(
+            "%s: no checkpoint in %s yet: starting from step 0\n",
+            program_.c_str(),
+            manager_->dir().c_str());
+      }
+    }
+    return step.value_or(0);
+  }
+
+  /// After step `step` of `total` (1-based), `done` of them by this
+  /// process: saves when due. Returns false when --stop-after says stop.
+  bool after_step(
+      lamp::TrainingState& state,
+      int64_t step,
+      int64_t total,
+      int64_t done) {
+    if (manager_ &&
+        ((options_.checkpoint_every > 0 &&
+          step % options_.checkpoint_every == 0) ||
+         step == total)) {
+      manager_->save(state, step);
+    }
+    return options_.stop_after == 0 || done < options_.stop_after;
+  }
+
+ private:
+  RunOptions options_;
+  std::string program_;
+  std::optional<lamp::CheckpointManager> manager_;
+};
+
+} // namespace examples

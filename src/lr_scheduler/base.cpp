@@ -1,0 +1,312 @@
+#include <lamp/lr_scheduler/base.h>
+
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <mutex>
+#include <utility>
+
+#include "state.h"
+
+// Note [initial_lr beside the optimizer]
+// Python's schedulers keep each group's starting learning rate in the param
+// group dict (`group["initial_lr"]`): the first scheduler made on an
+// optimizer sets it (`setdefault`), later ones reuse it as their `base_lrs`,
+// and SequentialLR resets the groups to it. The common warm-up + cosine
+// recipe depends on this: the cosine scheduler, made after LinearLR has
+// already scaled the lr down, must still anneal from the original lr.
+// LibTorch's param-group options cannot hold extra keys, so lamp keeps the
+// values in a table keyed by the optimizer's address. Each scheduler holds a
+// shared_ptr to its optimizer's entry and the table holds weak_ptrs: the
+// entry lives exactly as long as some scheduler of that optimizer does, so
+// an address reused by a later optimizer can never see stale values (a
+// scheduler must not outlive its optimizer).
+
+namespace lamp::optim {
+
+namespace detail {
+
+struct InitialLrs {
+  std::vector<std::optional<double>> values;
+};
+
+} // namespace detail
+
+namespace {
+
+constexpr int64_t kLampStateVersion = 1;
+
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+using Registry = std::vector<std::pair<
+    const torch::optim::Optimizer*,
+    std::weak_ptr<detail::InitialLrs>>>;
+
+Registry& registry() {
+  static Registry entries;
+  return entries;
+}
+
+// The optimizer's entry (created when none is alive). Caller holds the lock.
+std::shared_ptr<detail::InitialLrs> acquire_initial_lrs(
+    const torch::optim::Optimizer& optimizer) {
+  auto& entries = registry();
+  std::shared_ptr<detail::InitialLrs> found;
+  for (auto it = entries.begin(); it != entries.end();) {
+    auto alive = it->second.lock();
+    if (!alive) {
+      it = entries.erase(it);
+      continue;
+    }
+    if (it->first == &optimizer) {
+      found = std::move(alive);
+    }
+    ++it;
+  }
+  if (!found) {
+    found = std::make_shared<detail::InitialLrs>();
+    entries.emplace_back(&optimizer, found);
+  }
+  return found;
+}
+
+} // namespace
+
+LRScheduler::LRScheduler(
+    torch::optim::Optimizer& optimizer,
+    int64_t last_epoch,
+    std::optional<std::vector<double>> initial_lrs)
+    : last_epoch_(last_epoch), optimizer_(optimizer) {
+  auto& groups = optimizer.param_groups();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  initial_lrs_ = acquire_initial_lrs(optimizer);
+  auto& values = initial_lrs_->values;
+  if (values.size() < groups.size()) {
+    values.resize(groups.size());
+  }
+  if (initial_lrs) {
+    TORCH_INTERNAL_ASSERT(initial_lrs->size() == groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      values[i] = (*initial_lrs)[i];
+    }
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (last_epoch == -1) {
+      if (!values[i]) {
+        values[i] = groups[i].options().get_lr();
+      }
+    } else {
+      TORCH_CHECK(
+          values[i].has_value(),
+          "param 'initial_lr' is not specified in param_groups[",
+          i,
+          "] when resuming scheduler with last_epoch >= 0.\n"
+          "This typically happens when:\n"
+          "1. You're trying to resume training from a checkpoint but haven't "
+          "properly loaded the optimizer state\n"
+          "2. You're using last_epoch >= 0 for a fresh training run (not "
+          "recommended)\n"
+          "lamp keeps initial_lr beside the optimizer only while a scheduler "
+          "of it is alive; to resume, construct the scheduler with "
+          "last_epoch = -1 and call load_state_dict() (or torch::load).");
+    }
+    base_lrs_.push_back(*values[i]);
+  }
+}
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, NoInit)
+    : optimizer_(optimizer) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  initial_lrs_ = acquire_initial_lrs(optimizer);
+}
+
+LRScheduler::~LRScheduler() {
+  // Drop the reference under the lock: acquire_initial_lrs() reads the
+  // weak_ptrs.
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  initial_lrs_.reset();
+}
+
+std::vector<double> LRScheduler::initial_lrs() const {
+  const auto& groups = optimizer_.param_groups();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const auto& values = initial_lrs_->values;
+  std::vector<double> out;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    TORCH_CHECK(
+        i < values.size() && values[i].has_value(),
+        name(),
+        ": param group ",
+        i,
+        " has no 'initial_lr' (no scheduler was made while it existed)");
+    out.push_back(*values[i]);
+  }
+  return out;
+}
+
+std::vector<double> LRScheduler::group_lrs() const {
+  std::vector<double> out;
+  for (const auto& group : optimizer_.param_groups()) {
+    out.push_back(group.options().get_lr());
+  }
+  return out;
+}
+
+void LRScheduler::initial_step() {
+  // NOTE: as Python's _initial_mode, which sets False on exit (it does not
+  // restore a previous value).
+  step_count_ = 0;
+  is_initial_ = true;
+  try {
+    step();
+  } catch (...) {
+    is_initial_ = false;
+    throw;
+  }
+  is_initial_ = false;
+}
+
+void LRScheduler::step() {
+  ++step_count_;
+  update_lr(std::nullopt);
+}
+
+std::vector<double> LRScheduler::get_lr() {
+  TORCH_CHECK(false, name(), " does not implement get_lr()");
+}
+
+std::optional<std::vector<double>> LRScheduler::get_closed_form_lr() const {
+  return std::nullopt;
+}
+
+void LRScheduler::update_lr(std::optional<int64_t> epoch) {
+  std::vector<double> values;
+  get_lr_called_within_step_ = true;
+  try {
+    if (!epoch) {
+      ++last_epoch_;
+      values = get_lr();
+    } else {
+      last_epoch_ = *epoch;
+      auto closed_form = get_closed_form_lr();
+      values = closed_form ? std::move(*closed_form) : get_lr();
+    }
+  } catch (...) {
+    get_lr_called_within_step_ = false;
+    throw;
+  }
+  get_lr_called_within_step_ = false;
+  auto& groups = optimizer_.param_groups();
+  TORCH_CHECK(
+      values.size() == groups.size(),
+      name(),
+      ": computed ",
+      values.size(),
+      " learning rates for ",
+      groups.size(),
+      " param groups (were param groups added after the scheduler was "
+      "made?)");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    groups[i].options().set_lr(values[i]);
+  }
+  last_lr_ = group_lrs();
+}
+
+void LRScheduler::append_base_state(StateDict& state) const {
+  state.insert("base_lrs", detail::double_list(base_lrs_));
+  state.insert("last_epoch", last_epoch_);
+  state.insert("_step_count", step_count_);
+  state.insert("_is_initial", is_initial_);
+  state.insert("_get_lr_called_within_step", get_lr_called_within_step_);
+  state.insert("_last_lr", detail::double_list(last_lr_));
+}
+
+LRScheduler::StateDict LRScheduler::state_dict() const {
+  auto state = lamp::new_state_dict();
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> LRScheduler::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const size_t groups = optimizer_.param_groups().size();
+  auto base_lrs = reader.get_double_list("base_lrs", groups);
+  const int64_t last_epoch = reader.get_int("last_epoch");
+  const int64_t step_count = reader.get_int("_step_count");
+  const bool is_initial = reader.get_bool_or("_is_initial", false);
+  const bool within_step =
+      reader.get_bool_or("_get_lr_called_within_step", false);
+  auto last_lr = reader.get_double_list("_last_lr", groups);
+  return [this,
+          base_lrs = std::move(base_lrs),
+          last_epoch,
+          step_count,
+          is_initial,
+          within_step,
+          last_lr = std::move(last_lr)]() mutable {
+    base_lrs_ = std::move(base_lrs);
+    last_epoch_ = last_epoch;
+    step_count_ = step_count;
+    is_initial_ = is_initial;
+    get_lr_called_within_step_ = within_step;
+    last_lr_ = std::move(last_lr);
+  };
+}
+
+void LRScheduler::load_state_dict(const StateDict& state_dict) {
+  load_state_dict(c10::impl::toGenericDict(state_dict));
+}
+
+void LRScheduler::load_state_dict(const c10::impl::GenericDict& state_dict) {
+  // Check everything, then apply: the returned function cannot throw, so a
+  // bad state leaves the scheduler as it was.
+  auto apply = check_state_dict(state_dict, name() + ".load_state_dict");
+  apply();
+}
+
+void LRScheduler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("lamp_version", c10::IValue(kLampStateVersion));
+  archive.write("state_dict", c10::IValue(state_dict()));
+}
+
+void LRScheduler::load(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  if (archive.try_read("lamp_version", value)) {
+    TORCH_CHECK(
+        value.isInt() && value.toInt() <= kLampStateVersion,
+        name(),
+        ".load: the state was written by a newer lamp (state version ",
+        value,
+        ", this lamp reads up to ",
+        kLampStateVersion,
+        "); upgrade lamp.");
+  }
+  TORCH_CHECK(
+      archive.try_read("state_dict", value) && value.isGenericDict(),
+      name(),
+      ".load: the archive holds no scheduler state (no 'state_dict' "
+      "entry); it was not written by LRScheduler::save.");
+  load_state_dict(value.toGenericDict());
+}
+
+torch::serialize::OutputArchive& operator<<(
+    torch::serialize::OutputArchive& archive,
+    const LRScheduler& scheduler) {
+  scheduler.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(
+    torch::serialize::InputArchive& archive,
+    LRScheduler& scheduler) {
+  scheduler.load(archive);
+  return archive;
+}
+
+} // namespace lamp::optim

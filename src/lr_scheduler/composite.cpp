@@ -1,0 +1,269 @@
+// Schedulers made of schedulers: SequentialLR and ChainedScheduler.
+
+#include <lamp/lr_scheduler/composite.h>
+#include <lamp/lr_scheduler/plateau.h>
+
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "state.h"
+
+namespace lamp::optim {
+
+namespace {
+
+// Python's bisect.bisect_right (also on an unsorted list, as Python's).
+size_t bisect_right(const std::vector<int64_t>& values, int64_t x) {
+  size_t lo = 0;
+  size_t hi = values.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (x < values[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// The checks Python's SequentialLR and ChainedScheduler make of each
+// scheduler.
+void check_schedulers(
+    const char* name,
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
+    const torch::optim::Optimizer& optimizer) {
+  for (size_t i = 0; i < schedulers.size(); ++i) {
+    TORCH_CHECK_VALUE(
+        schedulers[i] != nullptr,
+        name,
+        ": the scheduler at index ",
+        i,
+        " is null");
+    TORCH_CHECK_VALUE(
+        dynamic_cast<const ReduceLROnPlateau*>(schedulers[i].get()) == nullptr,
+        name,
+        " does not support `ReduceLROnPlateau` scheduler as it requires "
+        "additional kwargs to be specified when calling `step`, but got one "
+        "at index ",
+        i,
+        " in the given schedulers sequence.");
+    TORCH_CHECK_VALUE(
+        &schedulers[i]->optimizer() == &optimizer,
+        name,
+        " expects all schedulers to belong to the same optimizer, but got "
+        "scheduler ",
+        schedulers[i]->name(),
+        " at index ",
+        i,
+        " has another optimizer, which is different from the given one.");
+  }
+}
+
+torch::optim::Optimizer& chained_optimizer(
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
+    torch::optim::Optimizer* optimizer) {
+  TORCH_CHECK_VALUE(
+      !schedulers.empty(),
+      "ChainedScheduler expects at least one scheduler to be chained, but got "
+      "no scheduler.");
+  if (optimizer != nullptr) {
+    return *optimizer;
+  }
+  TORCH_CHECK_VALUE(
+      schedulers[0] != nullptr,
+      "ChainedScheduler: the scheduler at index 0 is null");
+  return schedulers[0]->optimizer();
+}
+
+// Checks each scheduler's entry of `_schedulers`; returns their appliers.
+std::vector<std::function<void()>> check_children(
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
+    const std::vector<c10::impl::GenericDict>& states,
+    const std::string& where,
+    const std::function<std::function<void()>(
+        LRScheduler&,
+        const c10::impl::GenericDict&,
+        const std::string&)>& check) {
+  std::vector<std::function<void()>> apply;
+  for (size_t i = 0; i < schedulers.size(); ++i) {
+    apply.push_back(check(
+        *schedulers[i],
+        states[i],
+        where + ": _schedulers[" + std::to_string(i) + "] (" +
+            schedulers[i]->name() + ")"));
+  }
+  return apply;
+}
+
+} // namespace
+
+// ------------------------------------------------------------- SequentialLR
+
+SequentialLR::SequentialLR(
+    torch::optim::Optimizer& optimizer,
+    std::vector<std::shared_ptr<LRScheduler>> schedulers,
+    std::vector<int64_t> milestones,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, NoInit{}) {
+  TORCH_CHECK_VALUE(
+      !schedulers.empty(),
+      "SequentialLR expects at least one scheduler, but got no scheduler.");
+  check_schedulers("SequentialLR", schedulers, optimizer);
+  TORCH_CHECK_VALUE(
+      milestones.size() == schedulers.size() - 1,
+      "Sequential Schedulers expects number of schedulers provided to be one "
+      "more than the number of milestone points, but got number of "
+      "schedulers ",
+      schedulers.size(),
+      " and the number of milestones to be equal to ",
+      milestones.size());
+  schedulers_ = std::move(schedulers);
+  milestones_ = std::move(milestones);
+  last_epoch_ = last_epoch + 1;
+  // Reset the learning rates to initial_lr, wind the schedulers back by one
+  // step and replay the first one's initial step, as Python.
+  const auto initial = initial_lrs();
+  auto& groups = optimizer.param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    groups[i].options().set_lr(initial[i]);
+  }
+  recursive_undo(*this);
+  schedulers_[0]->initial_step();
+  last_lr_ = schedulers_[0]->get_last_lr();
+}
+
+void SequentialLR::recursive_undo(LRScheduler& scheduler) {
+  const std::vector<std::shared_ptr<LRScheduler>>* children = nullptr;
+  if (auto* sequential = dynamic_cast<SequentialLR*>(&scheduler)) {
+    children = &sequential->schedulers_;
+  } else if (auto* chained = dynamic_cast<ChainedScheduler*>(&scheduler)) {
+    children = &chained->schedulers();
+  }
+  if (children != nullptr) {
+    for (const auto& child : *children) {
+      recursive_undo(*child);
+    }
+  } else {
+    scheduler.last_epoch_ -= 1;
+  }
+}
+
+void SequentialLR::step() {
+  last_epoch_ += 1;
+  const size_t idx = bisect_right(milestones_, last_epoch_);
+  auto& scheduler = *schedulers_.at(idx);
+  if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
+    scheduler.update_lr(0);
+  } else {
+    scheduler.step();
+  }
+  last_lr_ = scheduler.get_last_lr();
+}
+
+LRScheduler::StateDict SequentialLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("_milestones", detail::int_list(milestones_));
+  state.insert("last_epoch", last_epoch_);
+  state.insert("_last_lr", detail::double_list(last_lr_));
+  c10::impl::GenericList children(c10::AnyType::get());
+  for (const auto& scheduler : schedulers_) {
+    children.push_back(scheduler->state_dict());
+  }
+  state.insert("_schedulers", children);
+  return state;
+}
+
+std::function<void()> SequentialLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  auto milestones = reader.get_int_list("_milestones");
+  if (milestones.size() != schedulers_.size() - 1) {
+    reader.fail(
+        "_milestones",
+        "a list of " + std::to_string(schedulers_.size() - 1) +
+            " ints (one fewer than schedulers)",
+        "a list of " + std::to_string(milestones.size()));
+  }
+  const int64_t last_epoch = reader.get_int("last_epoch");
+  auto last_lr =
+      reader.get_double_list("_last_lr", optimizer().param_groups().size());
+  auto apply_children = check_children(
+      schedulers_,
+      reader.get_dict_list("_schedulers", schedulers_.size()),
+      where,
+      [](LRScheduler& s, const auto& d, const std::string& w) {
+        return s.check_state_dict(d, w);
+      });
+  return [this,
+          milestones = std::move(milestones),
+          last_epoch,
+          last_lr = std::move(last_lr),
+          apply_children = std::move(apply_children)]() mutable {
+    milestones_ = std::move(milestones);
+    last_epoch_ = last_epoch;
+    last_lr_ = std::move(last_lr);
+    for (auto& apply : apply_children) {
+      apply();
+    }
+  };
+}
+
+// --------------------------------------------------------- ChainedScheduler
+
+ChainedScheduler::ChainedScheduler(
+    std::vector<std::shared_ptr<LRScheduler>> schedulers,
+    torch::optim::Optimizer* optimizer)
+    : LRScheduler(chained_optimizer(schedulers, optimizer), NoInit{}) {
+  check_schedulers("ChainedScheduler", schedulers, this->optimizer());
+  schedulers_ = std::move(schedulers);
+  last_lr_ = group_lrs();
+  last_epoch_ = schedulers_.back()->last_epoch();
+}
+
+void ChainedScheduler::step() {
+  for (auto& scheduler : schedulers_) {
+    scheduler->step();
+  }
+  last_lr_ = group_lrs();
+  last_epoch_ = schedulers_.back()->last_epoch();
+}
+
+LRScheduler::StateDict ChainedScheduler::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("_last_lr", detail::double_list(last_lr_));
+  c10::impl::GenericList children(c10::AnyType::get());
+  for (const auto& scheduler : schedulers_) {
+    children.push_back(scheduler->state_dict());
+  }
+  state.insert("_schedulers", children);
+  return state;
+}
+
+std::function<void()> ChainedScheduler::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  auto last_lr =
+      reader.get_double_list("_last_lr", optimizer().param_groups().size());
+  auto apply_children = check_children(
+      schedulers_,
+      reader.get_dict_list("_schedulers", schedulers_.size()),
+      where,
+      [](LRScheduler& s, const auto& d, const std::string& w) {
+        return s.check_state_dict(d, w);
+      });
+  return [this,
+          last_lr = std::move(last_lr),
+          apply_children = std::move(apply_children)]() mutable {
+    last_lr_ = std::move(last_lr);
+    for (auto& apply : apply_children) {
+      apply();
+    }
+    last_epoch_ = schedulers_.back()->last_epoch();
+  };
+}
+
+} // namespace lamp::optim

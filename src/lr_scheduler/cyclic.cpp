@@ -1,0 +1,474 @@
+// The cyclic schedules: CosineAnnealingWarmRestarts and OneCycleLR (which
+// also cycles the optimizer's momentum or Adam's beta1). Formulas are
+// Python's, operation for operation (see the NOTE in factor.cpp).
+
+#include <lamp/lr_scheduler/cyclic.h>
+
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "state.h"
+
+namespace lamp::optim {
+
+namespace {
+
+constexpr double kPi = 3.141592653589793; // math.pi
+
+// Which hyperparameter OneCycleLR cycles: Python's `"betas" in defaults`
+// (Adam, AdamW) or `"momentum" in defaults` (SGD, RMSprop).
+enum class MomentumKind { kNone, kMomentum, kBeta1 };
+
+MomentumKind momentum_kind(const torch::optim::OptimizerOptions& options) {
+  if (dynamic_cast<const torch::optim::AdamOptions*>(&options) ||
+      dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    return MomentumKind::kBeta1;
+  }
+  if (dynamic_cast<const torch::optim::SGDOptions*>(&options) ||
+      dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
+    return MomentumKind::kMomentum;
+  }
+  return MomentumKind::kNone;
+}
+
+void set_momentum(
+    torch::optim::OptimizerOptions& options,
+    bool use_beta1,
+    double value) {
+  if (use_beta1) {
+    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+      adam->betas(std::make_tuple(value, std::get<1>(adam->betas())));
+      return;
+    }
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      adamw->betas(std::make_tuple(value, std::get<1>(adamw->betas())));
+      return;
+    }
+  } else {
+    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      sgd->momentum(value);
+      return;
+    }
+    if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
+      rms->momentum(value);
+      return;
+    }
+  }
+  TORCH_CHECK(
+      false,
+      "OneCycleLR: a param group's options have no ",
+      use_beta1 ? "betas" : "momentum",
+      " to cycle");
+}
+
+// Python's _format_param: one value per param group.
+std::vector<double> format_param(
+    const char* name,
+    const torch::optim::Optimizer& optimizer,
+    const PerGroup& param) {
+  const size_t groups = optimizer.param_groups().size();
+  if (!param.is_list()) {
+    return std::vector<double>(groups, param.values().front());
+  }
+  TORCH_CHECK_VALUE(
+      param.values().size() == groups,
+      name,
+      " must have the same length as optimizer.param_groups. ",
+      name,
+      " has ",
+      param.values().size(),
+      " values, param_groups has ",
+      groups,
+      ".");
+  return param.values();
+}
+
+// Python's checks of OneCycleLR.__init__, in its order, before the base
+// initialisation; returns each group's initial_lr.
+std::vector<double> one_cycle_initial_lrs(
+    const torch::optim::Optimizer& optimizer,
+    const OneCycleLROptions& options) {
+  if (options.total_steps()) {
+    TORCH_CHECK_VALUE(
+        *options.total_steps() > 0,
+        "Expected positive integer total_steps, but got ",
+        *options.total_steps());
+  } else if (options.epochs() && options.steps_per_epoch()) {
+    TORCH_CHECK_VALUE(
+        *options.epochs() > 0,
+        "Expected positive integer epochs, but got ",
+        *options.epochs());
+    TORCH_CHECK_VALUE(
+        *options.steps_per_epoch() > 0,
+        "Expected positive integer steps_per_epoch, but got ",
+        *options.steps_per_epoch());
+  } else {
+    TORCH_CHECK_VALUE(
+        false,
+        "You must define either total_steps OR (epochs AND steps_per_epoch)");
+  }
+  TORCH_CHECK_VALUE(
+      !(options.pct_start() < 0 || options.pct_start() > 1),
+      "Expected float between 0 and 1 pct_start, but got ",
+      detail::python_float_repr(options.pct_start()));
+  TORCH_CHECK_VALUE(
+      options.anneal_strategy() == "cos" ||
+          options.anneal_strategy() == "linear",
+      "anneal_strategy must be one of 'cos' or 'linear', instead got ",
+      options.anneal_strategy());
+  auto lrs = format_param("max_lr", optimizer, options.max_lr());
+  if (options.cycle_momentum()) {
+    TORCH_CHECK_VALUE(
+        momentum_kind(optimizer.defaults()) != MomentumKind::kNone,
+        "optimizer must support momentum or beta1 with `cycle_momentum` "
+        "option enabled");
+    format_param("max_momentum", optimizer, options.max_momentum());
+    format_param("base_momentum", optimizer, options.base_momentum());
+  }
+  for (auto& lr : lrs) {
+    lr = lr / options.div_factor();
+  }
+  return lrs;
+}
+
+bool is_phase_value(const std::string& name) {
+  return name == "initial_lr" || name == "max_lr" || name == "min_lr" ||
+      name == "max_momentum" || name == "base_momentum";
+}
+
+} // namespace
+
+// ---------------------------------------------- CosineAnnealingWarmRestarts
+
+CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(
+    torch::optim::Optimizer& optimizer,
+    int64_t T_0,
+    int64_t T_mult,
+    double eta_min,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      T_0_(T_0),
+      T_i_(T_0),
+      T_mult_(T_mult),
+      eta_min_(eta_min),
+      T_cur_(last_epoch) {
+  TORCH_CHECK_VALUE(T_0 > 0, "Expected positive integer T_0, but got ", T_0);
+  TORCH_CHECK_VALUE(
+      T_mult >= 1, "Expected integer T_mult >= 1, but got ", T_mult);
+  initial_step();
+}
+
+void CosineAnnealingWarmRestarts::step() {
+  // Python's step(epoch=None); the first call (last_epoch < 0) takes the
+  // explicit-epoch branch with epoch 0. Python does not count _step_count.
+  int64_t epoch = 0;
+  if (last_epoch_ >= 0) {
+    epoch = last_epoch_ + 1;
+    T_cur_ = T_cur_ + 1;
+    if (T_cur_ >= T_i_) {
+      T_cur_ = T_cur_ % T_i_;
+      T_i_ = T_i_ * T_mult_;
+    }
+  } else {
+    T_i_ = T_0_;
+    T_cur_ = epoch;
+  }
+  update_lr(epoch); // no closed form: sets last_epoch, then get_lr()
+}
+
+std::vector<double> CosineAnnealingWarmRestarts::get_lr() {
+  std::vector<double> out;
+  const double cur = static_cast<double>(T_cur_);
+  const double T_i = static_cast<double>(T_i_);
+  for (double base_lr : base_lrs_) {
+    out.push_back(
+        eta_min_ + (base_lr - eta_min_) * (1 + std::cos(kPi * cur / T_i)) / 2);
+  }
+  return out;
+}
+
+LRScheduler::StateDict CosineAnnealingWarmRestarts::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("T_0", T_0_);
+  state.insert("T_i", T_i_);
+  state.insert("T_mult", T_mult_);
+  state.insert("eta_min", eta_min_);
+  state.insert("T_cur", T_cur_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> CosineAnnealingWarmRestarts::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const int64_t T_0 = reader.get_int("T_0");
+  const int64_t T_i = reader.get_integral("T_i");
+  const int64_t T_mult = reader.get_int("T_mult");
+  if (T_0 <= 0) {
+    reader.fail("T_0", "a positive int", std::to_string(T_0));
+  }
+  if (T_i <= 0) {
+    reader.fail("T_i", "a positive int", std::to_string(T_i));
+  }
+  if (T_mult < 1) {
+    reader.fail("T_mult", "an int >= 1", std::to_string(T_mult));
+  }
+  const double eta_min = reader.get_double("eta_min");
+  const int64_t T_cur = reader.get_integral("T_cur");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, T_0, T_i, T_mult, eta_min, T_cur, base = std::move(base)] {
+    T_0_ = T_0;
+    T_i_ = T_i;
+    T_mult_ = T_mult;
+    eta_min_ = eta_min;
+    T_cur_ = T_cur;
+    base();
+  };
+}
+
+// --------------------------------------------------------------- OneCycleLR
+
+OneCycleLR::OneCycleLR(
+    torch::optim::Optimizer& optimizer,
+    OneCycleLROptions options)
+    : LRScheduler(
+          optimizer,
+          options.last_epoch(),
+          one_cycle_initial_lrs(optimizer, options)),
+      anneal_func_type_(options.anneal_strategy()),
+      cycle_momentum_(options.cycle_momentum()) {
+  total_steps_ = options.total_steps()
+      ? *options.total_steps()
+      : *options.epochs() * *options.steps_per_epoch();
+  const double pct_start = options.pct_start();
+  const double total = static_cast<double>(total_steps_);
+  const double last = static_cast<double>(total_steps_ - 1);
+  if (options.three_phase()) {
+    schedule_phases_ = {
+        {pct_start * total - 1,
+         false,
+         "initial_lr",
+         "max_lr",
+         "max_momentum",
+         "base_momentum"},
+        {2 * pct_start * total - 2,
+         false,
+         "max_lr",
+         "initial_lr",
+         "base_momentum",
+         "max_momentum"},
+        {last, true, "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
+  } else {
+    schedule_phases_ = {
+        {pct_start * total - 1,
+         false,
+         "initial_lr",
+         "max_lr",
+         "max_momentum",
+         "base_momentum"},
+        {last, true, "max_lr", "min_lr", "base_momentum", "max_momentum"}};
+  }
+  max_lr_ = format_param("max_lr", optimizer, options.max_lr());
+  initial_lr_ = initial_lrs();
+  for (double lr : initial_lr_) {
+    min_lr_.push_back(lr / options.final_div_factor());
+  }
+  // NOTE: Python checks the momenta's lengths only when cycling them;
+  // without cycling a wrong length leaves them unset (a state loaded later
+  // that turns cycling on then fails at its first step, as Python's would).
+  const size_t groups = optimizer.param_groups().size();
+  auto momenta = [&](const char* name, const PerGroup& value) {
+    return cycle_momentum_ || !value.is_list() ||
+            value.values().size() == groups
+        ? format_param(name, optimizer, value)
+        : std::vector<double>{};
+  };
+  max_momentum_ = momenta("max_momentum", options.max_momentum());
+  base_momentum_ = momenta("base_momentum", options.base_momentum());
+  if (cycle_momentum_) {
+    use_beta1_ = momentum_kind(optimizer.defaults()) == MomentumKind::kBeta1;
+    if (options.last_epoch() == -1) {
+      auto& groups = optimizer.param_groups();
+      for (size_t i = 0; i < groups.size(); ++i) {
+        set_momentum(groups[i].options(), use_beta1_, max_momentum_[i]);
+      }
+    }
+  }
+  initial_step();
+}
+
+double OneCycleLR::group_value(size_t group, const std::string& name) const {
+  const std::vector<double>* values = nullptr;
+  if (name == "initial_lr") {
+    values = &initial_lr_;
+  } else if (name == "max_lr") {
+    values = &max_lr_;
+  } else if (name == "min_lr") {
+    values = &min_lr_;
+  } else if (name == "max_momentum") {
+    values = &max_momentum_;
+  } else if (name == "base_momentum") {
+    values = &base_momentum_;
+  }
+  TORCH_CHECK(
+      values != nullptr && group < values->size(),
+      "OneCycleLR: param group ",
+      group,
+      " has no '",
+      name,
+      "' (was the group added after the scheduler was made?)");
+  return (*values)[group];
+}
+
+std::vector<double> OneCycleLR::get_lr() {
+  const int64_t step_num = last_epoch_;
+  TORCH_CHECK_VALUE(
+      step_num <= total_steps_,
+      "Tried to step ",
+      step_num,
+      " times. The specified number of total steps is ",
+      total_steps_);
+  const bool cos = anneal_func_type_ == "cos";
+  auto anneal = [cos](double start, double end, double pct) {
+    if (cos) {
+      const double cos_out = std::cos(kPi * pct) + 1;
+      return end + (start - end) / 2.0 * cos_out;
+    }
+    return (end - start) * pct + start;
+  };
+  auto& groups = optimizer().param_groups();
+  std::vector<double> lrs;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    double start_step = 0.0;
+    double computed_lr = 0.0;
+    double computed_momentum = 0.0;
+    for (size_t i = 0; i < schedule_phases_.size(); ++i) {
+      const auto& phase = schedule_phases_[i];
+      const double end_step = phase.end_step;
+      if (static_cast<double>(step_num) <= end_step ||
+          i == schedule_phases_.size() - 1) {
+        const double pct = (static_cast<double>(step_num) - start_step) /
+            (end_step - start_step);
+        computed_lr = anneal(
+            group_value(g, phase.start_lr), group_value(g, phase.end_lr), pct);
+        if (cycle_momentum_) {
+          computed_momentum = anneal(
+              group_value(g, phase.start_momentum),
+              group_value(g, phase.end_momentum),
+              pct);
+        }
+        break;
+      }
+      start_step = phase.end_step;
+    }
+    lrs.push_back(computed_lr);
+    if (cycle_momentum_) {
+      set_momentum(groups[g].options(), use_beta1_, computed_momentum);
+    }
+  }
+  return lrs;
+}
+
+LRScheduler::StateDict OneCycleLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("total_steps", total_steps_);
+  c10::impl::GenericList phases(c10::AnyType::get());
+  for (const auto& phase : schedule_phases_) {
+    auto entry = lamp::new_state_dict();
+    if (phase.end_step_is_int) {
+      entry.insert("end_step", static_cast<int64_t>(phase.end_step));
+    } else {
+      entry.insert("end_step", phase.end_step);
+    }
+    entry.insert("start_lr", phase.start_lr);
+    entry.insert("end_lr", phase.end_lr);
+    entry.insert("start_momentum", phase.start_momentum);
+    entry.insert("end_momentum", phase.end_momentum);
+    phases.push_back(entry);
+  }
+  state.insert("_schedule_phases", phases);
+  state.insert("_anneal_func_type", anneal_func_type_);
+  state.insert("cycle_momentum", cycle_momentum_);
+  if (cycle_momentum_) {
+    state.insert("use_beta1", use_beta1_);
+  }
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> OneCycleLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const int64_t total_steps = reader.get_int("total_steps");
+  std::vector<Phase> phases;
+  const auto dicts = reader.get_dict_list("_schedule_phases", std::nullopt);
+  if (dicts.empty()) {
+    reader.fail("_schedule_phases", "a non-empty list of dicts", "[]");
+  }
+  for (size_t i = 0; i < dicts.size(); ++i) {
+    detail::StateReader phase_reader(
+        dicts[i], where + ": _schedule_phases[" + std::to_string(i) + "]");
+    Phase phase;
+    phase.end_step = phase_reader.get_double("end_step");
+    phase.end_step_is_int = phase_reader.get("end_step").isInt();
+    for (auto [key, field] :
+         {std::make_pair("start_lr", &phase.start_lr),
+          std::make_pair("end_lr", &phase.end_lr),
+          std::make_pair("start_momentum", &phase.start_momentum),
+          std::make_pair("end_momentum", &phase.end_momentum)}) {
+      *field = phase_reader.get_string(key);
+      if (!is_phase_value(*field)) {
+        phase_reader.fail(
+            key,
+            "one of 'initial_lr', 'max_lr', 'min_lr', 'max_momentum', "
+            "'base_momentum'",
+            "'" + *field + "'");
+      }
+    }
+    phases.push_back(std::move(phase));
+  }
+  auto anneal = reader.get_string("_anneal_func_type");
+  if (anneal != "cos" && anneal != "linear") {
+    reader.fail("_anneal_func_type", "'cos' or 'linear'", "'" + anneal + "'");
+  }
+  const bool cycle_momentum = reader.get_bool("cycle_momentum");
+  bool use_beta1 = use_beta1_;
+  if (cycle_momentum) {
+    use_beta1 = reader.get_bool("use_beta1");
+    const auto kind = momentum_kind(optimizer().defaults());
+    if (kind != (use_beta1 ? MomentumKind::kBeta1 : MomentumKind::kMomentum)) {
+      reader.fail(
+          "use_beta1",
+          use_beta1 == false
+              ? "false only for an optimizer with momentum (SGD, RMSprop)"
+              : "true only for an optimizer with betas (Adam, AdamW)",
+          std::string(use_beta1 ? "true" : "false") + " for this optimizer");
+    }
+  }
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this,
+          total_steps,
+          phases = std::move(phases),
+          anneal = std::move(anneal),
+          cycle_momentum,
+          use_beta1,
+          base = std::move(base)]() mutable {
+    total_steps_ = total_steps;
+    schedule_phases_ = std::move(phases);
+    anneal_func_type_ = std::move(anneal);
+    cycle_momentum_ = cycle_momentum;
+    use_beta1_ = use_beta1;
+    base();
+  };
+}
+
+} // namespace lamp::optim

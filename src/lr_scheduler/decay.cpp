@@ -1,0 +1,386 @@
+// Schedulers that decay the learning rate: StepLR, MultiStepLR,
+// ExponentialLR, PolynomialLR, CosineAnnealingLR.
+//
+// NOTE: formulas as in factor.cpp: Python's, operation for operation.
+
+#include <lamp/lr_scheduler/decay.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "state.h"
+
+namespace lamp::optim {
+
+namespace {
+
+constexpr double kPi = 3.141592653589793; // math.pi
+
+// Python's a // b for b > 0.
+int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+} // namespace
+
+// ------------------------------------------------------------------- StepLR
+
+StepLR::StepLR(
+    torch::optim::Optimizer& optimizer,
+    int64_t step_size,
+    double gamma,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch), step_size_(step_size), gamma_(gamma) {
+  TORCH_CHECK_VALUE(
+      step_size > 0,
+      "Expected positive integer step_size, but got ",
+      step_size);
+  initial_step();
+}
+
+std::vector<double> StepLR::get_lr() {
+  auto lrs = group_lrs();
+  if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) {
+    return lrs;
+  }
+  for (auto& lr : lrs) {
+    lr = lr * gamma_;
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> StepLR::get_closed_form_lr() const {
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(
+        base_lr *
+        std::pow(
+            gamma_, static_cast<double>(floor_div(last_epoch_, step_size_))));
+  }
+  return out;
+}
+
+LRScheduler::StateDict StepLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("step_size", step_size_);
+  state.insert("gamma", gamma_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> StepLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const int64_t step_size = reader.get_int("step_size");
+  if (step_size <= 0) {
+    reader.fail("step_size", "a positive int", std::to_string(step_size));
+  }
+  const double gamma = reader.get_double("gamma");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, step_size, gamma, base = std::move(base)] {
+    step_size_ = step_size;
+    gamma_ = gamma;
+    base();
+  };
+}
+
+// -------------------------------------------------------------- MultiStepLR
+
+MultiStepLR::MultiStepLR(
+    torch::optim::Optimizer& optimizer,
+    const std::vector<int64_t>& milestones,
+    double gamma,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch), gamma_(gamma) {
+  for (int64_t milestone : milestones) {
+    auto it = std::find_if(
+        milestones_.begin(), milestones_.end(), [&](const auto& entry) {
+          return entry.first == milestone;
+        });
+    if (it == milestones_.end()) {
+      milestones_.emplace_back(milestone, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  initial_step();
+}
+
+std::vector<double> MultiStepLR::get_lr() {
+  auto lrs = group_lrs();
+  auto it = std::find_if(
+      milestones_.begin(), milestones_.end(), [&](const auto& entry) {
+        return entry.first == last_epoch_;
+      });
+  if (it == milestones_.end()) {
+    return lrs;
+  }
+  for (auto& lr : lrs) {
+    lr = lr * std::pow(gamma_, static_cast<double>(it->second));
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
+  // bisect_right(sorted(milestones.elements()), last_epoch)
+  int64_t passed = 0;
+  for (const auto& [milestone, count] : milestones_) {
+    if (milestone <= last_epoch_) {
+      passed += count;
+    }
+  }
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(base_lr * std::pow(gamma_, static_cast<double>(passed)));
+  }
+  return out;
+}
+
+LRScheduler::StateDict MultiStepLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  c10::Dict<int64_t, int64_t> milestones;
+  for (const auto& [milestone, count] : milestones_) {
+    milestones.insert(milestone, count);
+  }
+  state.insert("milestones", milestones);
+  state.insert("gamma", gamma_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> MultiStepLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const auto& value = reader.get("milestones");
+  const std::string expected = "a dict int -> int (milestone -> count)";
+  if (!value.isGenericDict()) {
+    reader.fail("milestones", expected, detail::python_type_name(value));
+  }
+  std::vector<std::pair<int64_t, int64_t>> milestones;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isInt() || !entry.value().isInt()) {
+      reader.fail(
+          "milestones",
+          expected,
+          "an entry " + detail::python_type_name(entry.key()) + " -> " +
+              detail::python_type_name(entry.value()));
+    }
+    milestones.emplace_back(entry.key().toInt(), entry.value().toInt());
+  }
+  const double gamma = reader.get_double("gamma");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this,
+          milestones = std::move(milestones),
+          gamma,
+          base = std::move(base)]() mutable {
+    milestones_ = std::move(milestones);
+    gamma_ = gamma;
+    base();
+  };
+}
+
+// ------------------------------------------------------------ ExponentialLR
+
+ExponentialLR::ExponentialLR(
+    torch::optim::Optimizer& optimizer,
+    double gamma,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch), gamma_(gamma) {
+  initial_step();
+}
+
+std::vector<double> ExponentialLR::get_lr() {
+  auto lrs = group_lrs();
+  if (is_initial_) {
+    return lrs;
+  }
+  for (auto& lr : lrs) {
+    lr = lr * gamma_;
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> ExponentialLR::get_closed_form_lr() const {
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(base_lr * std::pow(gamma_, static_cast<double>(last_epoch_)));
+  }
+  return out;
+}
+
+LRScheduler::StateDict ExponentialLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("gamma", gamma_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> ExponentialLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const double gamma = reader.get_double("gamma");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, gamma, base = std::move(base)] {
+    gamma_ = gamma;
+    base();
+  };
+}
+
+// ------------------------------------------------------------- PolynomialLR
+
+PolynomialLR::PolynomialLR(
+    torch::optim::Optimizer& optimizer,
+    int64_t total_iters,
+    double power,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      total_iters_(total_iters),
+      power_(power) {
+  initial_step();
+}
+
+std::vector<double> PolynomialLR::get_lr() {
+  auto lrs = group_lrs();
+  if (is_initial_ || last_epoch_ > total_iters_) {
+    return lrs;
+  }
+  const double total = static_cast<double>(total_iters_);
+  const double decay_factor = std::pow(
+      (1.0 - static_cast<double>(last_epoch_) / total) /
+          (1.0 - static_cast<double>(last_epoch_ - 1) / total),
+      power_);
+  for (auto& lr : lrs) {
+    lr = lr * decay_factor;
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> PolynomialLR::get_closed_form_lr() const {
+  const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(
+        base_lr *
+        std::pow(1.0 - done / static_cast<double>(total_iters_), power_));
+  }
+  return out;
+}
+
+LRScheduler::StateDict PolynomialLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("total_iters", total_iters_);
+  state.insert("power", power_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> PolynomialLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const int64_t total_iters = reader.get_int("total_iters");
+  const double power = reader.get_double("power");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, total_iters, power, base = std::move(base)] {
+    total_iters_ = total_iters;
+    power_ = power;
+    base();
+  };
+}
+
+// -------------------------------------------------------- CosineAnnealingLR
+
+CosineAnnealingLR::CosineAnnealingLR(
+    torch::optim::Optimizer& optimizer,
+    int64_t T_max,
+    double eta_min,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch), T_max_(T_max), eta_min_(eta_min) {
+  TORCH_CHECK_VALUE(
+      T_max > 0, "Expected positive integer T_max, but got ", T_max);
+  initial_step();
+}
+
+std::vector<double> CosineAnnealingLR::get_lr() {
+  auto lrs = group_lrs();
+  if (is_initial_) {
+    return lrs;
+  }
+  const double T_max = static_cast<double>(T_max_);
+  const double epoch = static_cast<double>(last_epoch_);
+  const bool zip_with_base = (step_count_ == 1 && last_epoch_ > 0) ||
+      (last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0;
+  TORCH_CHECK(
+      !zip_with_base || base_lrs_.size() == lrs.size(),
+      name(),
+      ": ",
+      base_lrs_.size(),
+      " base_lrs for ",
+      lrs.size(),
+      " param groups");
+  if (step_count_ == 1 && last_epoch_ > 0) {
+    for (size_t i = 0; i < lrs.size(); ++i) {
+      lrs[i] = eta_min_ +
+          (base_lrs_[i] - eta_min_) * (1 + std::cos(epoch * kPi / T_max)) / 2;
+    }
+  } else if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) {
+    for (size_t i = 0; i < lrs.size(); ++i) {
+      lrs[i] =
+          lrs[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / T_max)) / 2;
+    }
+  } else {
+    const double ratio = (1 + std::cos(kPi * epoch / T_max)) /
+        (1 + std::cos(kPi * (epoch - 1) / T_max));
+    for (auto& lr : lrs) {
+      lr = ratio * (lr - eta_min_) + eta_min_;
+    }
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> CosineAnnealingLR::get_closed_form_lr()
+    const {
+  const double T_max = static_cast<double>(T_max_);
+  const double epoch = static_cast<double>(last_epoch_);
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(
+        eta_min_ +
+        (base_lr - eta_min_) * (1 + std::cos(kPi * epoch / T_max)) / 2);
+  }
+  return out;
+}
+
+LRScheduler::StateDict CosineAnnealingLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("T_max", T_max_);
+  state.insert("eta_min", eta_min_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> CosineAnnealingLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const int64_t T_max = reader.get_int("T_max");
+  if (T_max <= 0) {
+    reader.fail("T_max", "a positive int", std::to_string(T_max));
+  }
+  const double eta_min = reader.get_double("eta_min");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, T_max, eta_min, base = std::move(base)] {
+    T_max_ = T_max;
+    eta_min_ = eta_min;
+    base();
+  };
+}
+
+} // namespace lamp::optim

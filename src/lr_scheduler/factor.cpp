@@ -1,0 +1,336 @@
+// Schedulers that scale the learning rate by a factor: LambdaLR,
+// MultiplicativeLR, ConstantLR, LinearLR.
+//
+// NOTE: every formula is Python's, operation for operation and in Python's
+// order (including the recursive forms that get_lr() uses instead of the
+// closed forms), so that the learning rates are bit-identical to Python's.
+// Python's int * float and int / int are double operations on the ints
+// converted to double; `x ** y` on floats is C's pow().
+
+#include <lamp/lr_scheduler/factor.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "state.h"
+
+namespace lamp::optim {
+
+namespace {
+
+// One lambda per group (Python's LambdaLR/MultiplicativeLR constructor).
+std::vector<LRLambda> lambdas_per_group(
+    const torch::optim::Optimizer& optimizer,
+    std::vector<LRLambda> lr_lambdas,
+    bool is_list) {
+  const size_t groups = optimizer.param_groups().size();
+  if (!is_list) {
+    lr_lambdas.resize(groups, lr_lambdas.front());
+  }
+  TORCH_CHECK_VALUE(
+      lr_lambdas.size() == groups,
+      "Expected ",
+      groups,
+      " lr_lambdas, but got ",
+      lr_lambdas.size());
+  for (const auto& f : lr_lambdas) {
+    TORCH_CHECK_TYPE(
+        static_cast<bool>(f), "lr_lambda should be a function, but got None");
+  }
+  return lr_lambdas;
+}
+
+// Python's `lr_lambdas` entry of the state dict: a list of None (lamp's
+// functions have no state), of one per lambda.
+void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
+  const auto& value = reader.get("lr_lambdas");
+  const std::string expected =
+      "a list of " + std::to_string(count) + " None (one per lambda)";
+  if (!value.isList()) {
+    reader.fail("lr_lambdas", expected, detail::python_type_name(value));
+  }
+  const auto list = value.toListRef();
+  if (list.size() != count) {
+    reader.fail(
+        "lr_lambdas", expected, "a list of " + std::to_string(list.size()));
+  }
+  for (const auto& entry : list) {
+    // Python saves a callable object's __dict__ there; a C++ function has
+    // none to restore (an empty one is fine).
+    if (!entry.isNone() &&
+        !(entry.isGenericDict() && entry.toGenericDict().empty())) {
+      reader.fail(
+          "lr_lambdas",
+          expected,
+          "the state of a Python callable object, which a C++ function "
+          "cannot take");
+    }
+  }
+}
+
+c10::IValue none_list(size_t count) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (size_t i = 0; i < count; ++i) {
+    list.push_back(c10::IValue());
+  }
+  return list;
+}
+
+} // namespace
+
+// ----------------------------------------------------------------- LambdaLR
+
+LambdaLR::LambdaLR(
+    torch::optim::Optimizer& optimizer,
+    LRLambda lr_lambda,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      lr_lambdas_(lambdas_per_group(optimizer, {std::move(lr_lambda)}, false)) {
+  initial_step();
+}
+
+LambdaLR::LambdaLR(
+    torch::optim::Optimizer& optimizer,
+    std::vector<LRLambda> lr_lambdas,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      lr_lambdas_(lambdas_per_group(optimizer, std::move(lr_lambdas), true)) {
+  initial_step();
+}
+
+std::vector<double> LambdaLR::get_lr() {
+  TORCH_CHECK(
+      lr_lambdas_.size() == base_lrs_.size(),
+      name(),
+      ": ",
+      lr_lambdas_.size(),
+      " lr_lambdas for ",
+      base_lrs_.size(),
+      " base_lrs");
+  std::vector<double> out;
+  for (size_t i = 0; i < base_lrs_.size(); ++i) {
+    out.push_back(base_lrs_[i] * lr_lambdas_[i](last_epoch_));
+  }
+  return out;
+}
+
+LRScheduler::StateDict LambdaLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  append_base_state(state);
+  state.insert("lr_lambdas", none_list(lr_lambdas_.size()));
+  return state;
+}
+
+std::function<void()> LambdaLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  auto base = LRScheduler::check_state_dict(state, where);
+  check_lr_lambdas(detail::StateReader(state, where), lr_lambdas_.size());
+  return base;
+}
+
+// --------------------------------------------------------- MultiplicativeLR
+
+MultiplicativeLR::MultiplicativeLR(
+    torch::optim::Optimizer& optimizer,
+    LRLambda lr_lambda,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      lr_lambdas_(lambdas_per_group(optimizer, {std::move(lr_lambda)}, false)) {
+  initial_step();
+}
+
+MultiplicativeLR::MultiplicativeLR(
+    torch::optim::Optimizer& optimizer,
+    std::vector<LRLambda> lr_lambdas,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      lr_lambdas_(lambdas_per_group(optimizer, std::move(lr_lambdas), true)) {
+  initial_step();
+}
+
+std::vector<double> MultiplicativeLR::get_lr() {
+  auto lrs = group_lrs();
+  if (is_initial_) {
+    return lrs;
+  }
+  TORCH_CHECK(
+      lr_lambdas_.size() == lrs.size(),
+      name(),
+      ": ",
+      lr_lambdas_.size(),
+      " lr_lambdas for ",
+      lrs.size(),
+      " param groups");
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    lrs[i] = lrs[i] * lr_lambdas_[i](last_epoch_);
+  }
+  return lrs;
+}
+
+LRScheduler::StateDict MultiplicativeLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  append_base_state(state);
+  state.insert("lr_lambdas", none_list(lr_lambdas_.size()));
+  return state;
+}
+
+std::function<void()> MultiplicativeLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  auto base = LRScheduler::check_state_dict(state, where);
+  check_lr_lambdas(detail::StateReader(state, where), lr_lambdas_.size());
+  return base;
+}
+
+// --------------------------------------------------------------- ConstantLR
+
+ConstantLR::ConstantLR(
+    torch::optim::Optimizer& optimizer,
+    double factor,
+    int64_t total_iters,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      factor_(factor),
+      total_iters_(total_iters) {
+  TORCH_CHECK_VALUE(
+      !(factor > 1.0 || factor < 0),
+      "Constant multiplicative factor expected to be between 0 and 1.");
+  initial_step();
+}
+
+std::vector<double> ConstantLR::get_lr() {
+  auto lrs = group_lrs();
+  if (last_epoch_ == 0) {
+    for (auto& lr : lrs) {
+      lr = lr * factor_;
+    }
+    return lrs;
+  }
+  if (last_epoch_ != total_iters_) {
+    return lrs;
+  }
+  TORCH_CHECK_VALUE(
+      factor_ != 0.0, name(), ": float division by zero (factor is 0)");
+  for (auto& lr : lrs) {
+    lr = lr * (1.0 / factor_);
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> ConstantLR::get_closed_form_lr() const {
+  const double reached = last_epoch_ >= total_iters_ ? 1.0 : 0.0;
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(base_lr * (factor_ + reached * (1 - factor_)));
+  }
+  return out;
+}
+
+LRScheduler::StateDict ConstantLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("factor", factor_);
+  state.insert("total_iters", total_iters_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> ConstantLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const double factor = reader.get_double("factor");
+  const int64_t total_iters = reader.get_int("total_iters");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, factor, total_iters, base = std::move(base)] {
+    factor_ = factor;
+    total_iters_ = total_iters;
+    base();
+  };
+}
+
+// ----------------------------------------------------------------- LinearLR
+
+LinearLR::LinearLR(
+    torch::optim::Optimizer& optimizer,
+    double start_factor,
+    double end_factor,
+    int64_t total_iters,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      start_factor_(start_factor),
+      end_factor_(end_factor),
+      total_iters_(total_iters) {
+  TORCH_CHECK_VALUE(
+      !(start_factor > 1.0 || start_factor <= 0),
+      "Starting multiplicative factor expected to be greater than 0 and less "
+      "or equal to 1.");
+  TORCH_CHECK_VALUE(
+      !(end_factor > 1.0 || end_factor < 0),
+      "Ending multiplicative factor expected to be between 0 and 1.");
+  initial_step();
+}
+
+std::vector<double> LinearLR::get_lr() {
+  auto lrs = group_lrs();
+  if (last_epoch_ == 0) {
+    for (auto& lr : lrs) {
+      lr = lr * start_factor_;
+    }
+    return lrs;
+  }
+  if (is_initial_ || last_epoch_ > total_iters_) {
+    return lrs;
+  }
+  const double delta = end_factor_ - start_factor_;
+  const double factor = 1.0 +
+      delta /
+          (static_cast<double>(total_iters_) * start_factor_ +
+           static_cast<double>(last_epoch_ - 1) * delta);
+  for (auto& lr : lrs) {
+    lr = lr * factor;
+  }
+  return lrs;
+}
+
+std::optional<std::vector<double>> LinearLR::get_closed_form_lr() const {
+  const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
+  std::vector<double> out;
+  for (double base_lr : base_lrs_) {
+    out.push_back(
+        base_lr *
+        (start_factor_ +
+         (end_factor_ - start_factor_) * done /
+             static_cast<double>(total_iters_)));
+  }
+  return out;
+}
+
+LRScheduler::StateDict LinearLR::state_dict() const {
+  auto state = lamp::new_state_dict();
+  state.insert("start_factor", start_factor_);
+  state.insert("end_factor", end_factor_);
+  state.insert("total_iters", total_iters_);
+  append_base_state(state);
+  return state;
+}
+
+std::function<void()> LinearLR::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  detail::StateReader reader(state, where);
+  const double start_factor = reader.get_double("start_factor");
+  const double end_factor = reader.get_double("end_factor");
+  const int64_t total_iters = reader.get_int("total_iters");
+  auto base = LRScheduler::check_state_dict(state, where);
+  return [this, start_factor, end_factor, total_iters, base = std::move(base)] {
+    start_factor_ = start_factor;
+    end_factor_ = end_factor;
+    total_iters_ = total_iters;
+    base();
+  };
+}
+
+} // namespace lamp::optim

@@ -1,0 +1,263 @@
+#include "state.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace lamp::optim::detail {
+
+c10::IValue double_list(const std::vector<double>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.reserve(values.size());
+  for (double v : values) {
+    list.push_back(v);
+  }
+  return list;
+}
+
+c10::IValue int_list(const std::vector<int64_t>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.reserve(values.size());
+  for (int64_t v : values) {
+    list.push_back(v);
+  }
+  return list;
+}
+
+std::string python_type_name(const c10::IValue& value) {
+  if (value.isNone()) {
+    return "None";
+  }
+  if (value.isInt()) {
+    return "int";
+  }
+  if (value.isDouble()) {
+    return "float";
+  }
+  if (value.isBool()) {
+    return "bool";
+  }
+  if (value.isString()) {
+    return "str";
+  }
+  if (value.isList()) {
+    return "list";
+  }
+  if (value.isGenericDict()) {
+    return "dict";
+  }
+  if (value.isTuple()) {
+    return "tuple";
+  }
+  if (value.isTensor()) {
+    return "Tensor";
+  }
+  return value.tagKind();
+}
+
+std::string python_float_repr(double value) {
+  if (std::isnan(value)) {
+    return "nan";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "inf" : "-inf";
+  }
+  char buffer[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
+    if (std::strtod(buffer, nullptr) == value) {
+      break;
+    }
+  }
+  std::string out(buffer);
+  if (out.find_first_of(".e") == std::string::npos) {
+    out += ".0";
+  }
+  return out;
+}
+
+std::optional<double> as_double(const c10::IValue& value) {
+  if (value.isDouble()) {
+    return value.toDouble();
+  }
+  if (value.isInt()) {
+    return static_cast<double>(value.toInt());
+  }
+  return std::nullopt;
+}
+
+void StateReader::fail(
+    const std::string& key,
+    const std::string& expected,
+    const std::string& found) const {
+  TORCH_CHECK(
+      false,
+      where_,
+      ": key '",
+      key,
+      "': expected ",
+      expected,
+      ", found ",
+      found,
+      ". Nothing was loaded.");
+}
+
+bool StateReader::has(const std::string& key) const {
+  return state_.contains(c10::IValue(key));
+}
+
+const c10::IValue& StateReader::get(const std::string& key) const {
+  auto it = state_.find(c10::IValue(key));
+  if (it == state_.end()) {
+    fail(key, "a value", "no such key (missing)");
+  }
+  return it->value();
+}
+
+int64_t StateReader::get_int(const std::string& key) const {
+  const auto& value = get(key);
+  if (!value.isInt()) {
+    fail(key, "an int", python_type_name(value));
+  }
+  return value.toInt();
+}
+
+int64_t StateReader::get_integral(const std::string& key) const {
+  const auto& value = get(key);
+  if (value.isInt()) {
+    return value.toInt();
+  }
+  if (value.isDouble() && std::trunc(value.toDouble()) == value.toDouble() &&
+      std::abs(value.toDouble()) < 9e15) {
+    return static_cast<int64_t>(value.toDouble());
+  }
+  fail(
+      key,
+      "an int",
+      value.isDouble() ? "float " + python_float_repr(value.toDouble())
+                       : python_type_name(value));
+}
+
+double StateReader::get_double(const std::string& key) const {
+  const auto& value = get(key);
+  auto out = as_double(value);
+  if (!out) {
+    fail(key, "a float", python_type_name(value));
+  }
+  return *out;
+}
+
+bool StateReader::get_bool(const std::string& key) const {
+  const auto& value = get(key);
+  if (!value.isBool()) {
+    fail(key, "a bool", python_type_name(value));
+  }
+  return value.toBool();
+}
+
+bool StateReader::get_bool_or(const std::string& key, bool fallback) const {
+  return has(key) ? get_bool(key) : fallback;
+}
+
+std::string StateReader::get_string(const std::string& key) const {
+  const auto& value = get(key);
+  if (!value.isString()) {
+    fail(key, "a str", python_type_name(value));
+  }
+  return value.toStringRef();
+}
+
+std::optional<double> StateReader::get_optional_double(
+    const std::string& key) const {
+  const auto& value = get(key);
+  if (value.isNone()) {
+    return std::nullopt;
+  }
+  auto out = as_double(value);
+  if (!out) {
+    fail(key, "a float or None", python_type_name(value));
+  }
+  return out;
+}
+
+std::vector<double> StateReader::get_double_list(
+    const std::string& key,
+    std::optional<size_t> size) const {
+  const auto& value = get(key);
+  const std::string expected = size
+      ? "a list of " + std::to_string(*size) + " floats (one per param group)"
+      : std::string("a list of floats");
+  if (!value.isList()) {
+    fail(key, expected, python_type_name(value));
+  }
+  const auto list = value.toListRef();
+  if (size && list.size() != *size) {
+    fail(key, expected, "a list of " + std::to_string(list.size()));
+  }
+  std::vector<double> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    auto v = as_double(list[i]);
+    if (!v) {
+      fail(
+          key,
+          expected,
+          "a list whose element " + std::to_string(i) + " is a " +
+              python_type_name(list[i]));
+    }
+    out.push_back(*v);
+  }
+  return out;
+}
+
+std::vector<int64_t> StateReader::get_int_list(const std::string& key) const {
+  const auto& value = get(key);
+  if (!value.isList()) {
+    fail(key, "a list of ints", python_type_name(value));
+  }
+  std::vector<int64_t> out;
+  const auto list = value.toListRef();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].isInt()) {
+      fail(
+          key,
+          "a list of ints",
+          "a list whose element " + std::to_string(i) + " is a " +
+              python_type_name(list[i]));
+    }
+    out.push_back(list[i].toInt());
+  }
+  return out;
+}
+
+std::vector<c10::impl::GenericDict> StateReader::get_dict_list(
+    const std::string& key,
+    std::optional<size_t> size) const {
+  const auto& value = get(key);
+  const std::string expected = size
+      ? "a list of " + std::to_string(*size) + " dicts"
+      : std::string("a list of dicts");
+  if (!value.isList()) {
+    fail(key, expected, python_type_name(value));
+  }
+  const auto list = value.toListRef();
+  if (size && list.size() != *size) {
+    fail(key, expected, "a list of " + std::to_string(list.size()));
+  }
+  std::vector<c10::impl::GenericDict> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].isGenericDict()) {
+      fail(
+          key,
+          expected,
+          "a list whose element " + std::to_string(i) + " is a " +
+              python_type_name(list[i]));
+    }
+    out.push_back(list[i].toGenericDict());
+  }
+  return out;
+}
+
+} // namespace lamp::optim::detail
