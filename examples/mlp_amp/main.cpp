@@ -314,8 +314,9 @@ Result train(
     if (stop) {
       progress.finish();
       if (print) {
-        std::printf("mlp_amp: stopped after %lld steps (--stop-after)\n",
-                    static_cast<long long>(done));
+        std::printf(
+            "mlp_amp: stopped after %lld steps (--stop-after)\n",
+            static_cast<long long>(done));
       }
       std::exit(0);
     }
@@ -474,10 +475,9 @@ int main(int argc, char** argv) {
                       ? ", " + std::to_string(opt.run.warmup_steps) +
                           " warm-up steps"
                       : std::string())
-              << (opt.run.clip_grad_norm > 0
-                      ? ", gradients clipped to norm " +
+              << (opt.run.clip_grad_norm > 0 ? ", gradients clipped to norm " +
                           std::to_string(opt.run.clip_grad_norm)
-                      : std::string())
+                                             : std::string())
               << ")\n";
     if (pg) {
       std::cout << "mlp_amp: DDP over " << pg->world_size()

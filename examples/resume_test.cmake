@@ -1,0 +1,58 @@
+# CTest script: a run interrupted and resumed from its checkpoint logs the
+# same steps as the uninterrupted run.
+#
+#   cmake -DPROGRAM=<example> -DARGS="<flags;...>" -DWORK=<folder>
+#         -DEVERY=<checkpoint every> -DSTOP=<stop after> -P resume_test.cmake
+#
+# Runs PROGRAM three times: the whole run; the run stopped after STOP steps
+# with a checkpoint every EVERY steps; the run resumed from the newest
+# checkpoint. Every step and epoch line the resumed run writes to --metrics
+# (timings removed) must be in the whole run's metrics, and it must write
+# some.
+
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+
+function(run_example name)
+  execute_process(
+    COMMAND "${PROGRAM}" ${ARGS} --metrics "${WORK}/${name}.jsonl" ${ARGN}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${name}:\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name} run failed (${rc})")
+  endif()
+endfunction()
+
+# The JSON lines of a metrics file, without summaries and timings.
+function(read_metrics name out)
+  file(STRINGS "${WORK}/${name}.jsonl" lines)
+  set(kept)
+  foreach(line IN LISTS lines)
+    if(line MATCHES "\"kind\": \"summary\"")
+      continue()
+    endif()
+    string(REGEX REPLACE ", \"(step_ms|images_per_s)\": [^,}]*" "" line "${line}")
+    list(APPEND kept "${line}")
+  endforeach()
+  set(${out} "${kept}" PARENT_SCOPE)
+endfunction()
+
+run_example(whole)
+run_example(stopped --checkpoint-dir "${WORK}/ckpt" --checkpoint-every ${EVERY}
+                    --stop-after ${STOP})
+run_example(resumed --checkpoint-dir "${WORK}/ckpt" --resume)
+
+read_metrics(whole whole)
+read_metrics(resumed resumed)
+list(LENGTH resumed n)
+if(n EQUAL 0)
+  message(FATAL_ERROR "the resumed run logged no steps")
+endif()
+foreach(line IN LISTS resumed)
+  list(FIND whole "${line}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "the resumed run logged a line the whole run did not:\n"
+                        "  ${line}\nwhole run:\n  ${whole}")
+  endif()
+endforeach()
+message(STATUS "resumed run: ${n} metrics lines, all equal to the whole run's")
