@@ -4,6 +4,9 @@
 // benchmarks/grad_scaler_step.py is the same in Python; benchmarks/README.md
 // has the results.
 //
+// Also with gradient clipping (unscale_ + lamp::clip_grad_norm_) and a cosine
+// schedule, the recipe of a real run.
+//
 //   grad_scaler_step [--batch-size 64] [--steps 200] [--repeats 7]
 //                    [--trace FILE]   (Chrome trace of 10 graphed steps)
 
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,7 +78,8 @@ double run(
     bool fused,
     Phase phase,
     bool amp = true,
-    bool graphed = false) {
+    bool graphed = false,
+    bool clip_and_schedule = false) {
   torch::manual_seed(0);
   torch::nn::Sequential model(
       torch::nn::Linear(784, 512),
@@ -106,9 +111,23 @@ double run(
     if (phase == Phase::kForwardBackward) {
       return loss;
     }
+    if (clip_and_schedule) {
+      scaler.unscale_(*optimizer);
+      lamp::clip_grad_norm_(model->parameters(), 1.0);
+    }
     scaler.step(*optimizer);
     scaler.update();
     return loss;
+  };
+  // A cosine schedule stepped after every step (outside the graph).
+  std::optional<lamp::optim::CosineAnnealingLR> schedule;
+  if (clip_and_schedule) {
+    schedule.emplace(*optimizer, /*T_max=*/1000);
+  }
+  auto next_lr = [&] {
+    if (schedule) {
+      schedule->step();
+    }
   };
   if (graphed) {
     // The whole step in one CUDA graph; each step copies the batch into
@@ -119,7 +138,10 @@ double run(
         },
         {x, y},
         {optimizer.get()});
-    const double ms = time_ms(opt, device, [&] { graph({x, y}); });
+    const double ms = time_ms(opt, device, [&] {
+      graph({x, y});
+      next_lr();
+    });
     if (!opt.trace.empty()) {
       namespace prof = torch::profiler::impl;
       const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
@@ -135,7 +157,10 @@ double run(
     }
     return ms;
   }
-  return time_ms(opt, device, [&] { step(x, y); });
+  return time_ms(opt, device, [&] {
+    step(x, y);
+    next_lr();
+  });
 }
 
 } // namespace
@@ -183,10 +208,16 @@ int main(int argc, char** argv) {
       {"C++ FusedAdam fp32, no AMP",
        run(opt, device, true, Phase::kStep, false)},
   };
+  rows.emplace_back(
+      "C++ FusedAdam + clip + cosine",
+      run(opt, device, true, Phase::kStep, true, false, true));
   if (device.is_cuda()) {
     rows.emplace_back(
         "C++ FusedAdam, lamp::GraphedStep",
         run(opt, device, true, Phase::kStep, true, true));
+    rows.emplace_back(
+        "  GraphedStep + clip + cosine",
+        run(opt, device, true, Phase::kStep, true, true, true));
   }
   std::printf("%-32s %8s\n", "AMP step", "ms/step");
   for (const auto& [name, ms] : rows) {
