@@ -470,12 +470,16 @@ TEST(Checkpoint, ManagerKeepsTheNewestAndResumesFromIt) {
 
 // Resuming in a new process continues exactly as the uninterrupted run:
 // same losses, scales, parameters, buffers and optimizer state, bitwise.
-void expect_bitwise_resume(const std::string& model) {
-  const auto dir = fresh_dir("resume_" + model);
-  const auto full = worker("train " + model + " 20 20 \"" + dir + "/full\"");
-  const auto first = worker("train " + model + " 20 10 \"" + dir + "/split\"");
-  const auto second =
-      worker("train " + model + " 20 20 \"" + dir + "/split\" resume");
+void expect_bitwise_resume(
+    const std::string& model,
+    const std::string& device) {
+  const auto dir = fresh_dir("resume_" + model + "_" + device);
+  auto train = [&](const std::string& args) {
+    return worker("train " + model + " 20 " + args + " " + device);
+  };
+  const auto full = train("20 \"" + dir + "/full\" fresh");
+  const auto first = train("10 \"" + dir + "/split\" fresh");
+  const auto second = train("20 \"" + dir + "/split\" resume");
   auto split = lines(first, "step ");
   const auto rest = lines(second, "step ");
   split.insert(split.end(), rest.begin(), rest.end());
@@ -486,11 +490,86 @@ void expect_bitwise_resume(const std::string& model) {
 }
 
 TEST(Checkpoint, ResumeInANewProcessIsBitwiseMlp) {
-  expect_bitwise_resume("mlp");
+  expect_bitwise_resume("mlp", "cpu");
 }
 
 TEST(Checkpoint, ResumeInANewProcessIsBitwiseConvNet) {
-  expect_bitwise_resume("conv");
+  expect_bitwise_resume("conv", "cpu");
+}
+
+class CheckpointGpu : public lamp::test::GpuTest {};
+
+// fp16 autocast + GradScaler on CUDA (deterministic cuDNN), dropout from
+// the CUDA generator: resumed = uninterrupted, bitwise.
+TEST_F(CheckpointGpu, ResumeInANewProcessIsBitwiseMlp) {
+  expect_bitwise_resume("mlp", "cuda");
+}
+
+TEST_F(CheckpointGpu, ResumeInANewProcessIsBitwiseConvNet) {
+  expect_bitwise_resume("conv", "cuda");
+}
+
+// A checkpoint holds CPU tensors: one written from CUDA loads on the CPU
+// and one written on the CPU loads onto CUDA, values equal.
+TEST_F(CheckpointGpu, LoadsOntoTheCurrentDeviceWhateverDeviceWroteIt) {
+  torch::manual_seed(6);
+  auto cuda_model = small_mlp();
+  cuda_model->to(torch::kCUDA);
+  lamp::optim::FusedAdam cuda_adam(cuda_model->parameters());
+  lamp::GradScaler cuda_scaler;
+  {
+    cuda_adam.zero_grad();
+    auto loss = cuda_model->forward(torch::randn({5, 4}, torch::kCUDA)).sum();
+    cuda_scaler.scale(loss).backward();
+    cuda_scaler.step(cuda_adam);
+    cuda_scaler.update();
+  }
+  lamp::TrainingState cuda_state;
+  cuda_state.add("model", *cuda_model)
+      .add("optimizer", cuda_adam)
+      .add("scaler", cuda_scaler);
+  const auto dir = fresh_dir("devices");
+  lamp::save_checkpoint(cuda_state, dir + "/cuda.pt");
+
+  auto cpu_model = small_mlp();
+  lamp::optim::FusedAdam cpu_adam(cpu_model->parameters());
+  lamp::GradScaler cpu_scaler;
+  lamp::TrainingState cpu_state;
+  cpu_state.add("model", *cpu_model)
+      .add("optimizer", cpu_adam)
+      .add("scaler", cpu_scaler);
+  lamp::load_checkpoint(cpu_state, dir + "/cuda.pt");
+  const auto a = snapshot(*cuda_model);
+  const auto b = snapshot(*cpu_model);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i].cpu(), b[i])) << i;
+  }
+  const auto key = cpu_model->parameters()[0].unsafeGetTensorImpl();
+  const auto& s =
+      static_cast<lamp::optim::FusedAdamParamState&>(*cpu_adam.state().at(key));
+  EXPECT_TRUE(s.step().is_cpu());
+  EXPECT_EQ(s.step().item<float>(), 1.0f);
+  EXPECT_EQ(cpu_scaler.get_scale(), cuda_scaler.get_scale());
+
+  // And back: CPU-written into the CUDA run (after changing it).
+  lamp::save_checkpoint(cpu_state, dir + "/cpu.pt");
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : cuda_model->parameters()) {
+      p.zero_();
+    }
+  }
+  lamp::load_checkpoint(cuda_state, dir + "/cpu.pt");
+  const auto c = snapshot(*cuda_model);
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(c[i].is_cuda());
+    EXPECT_TRUE(torch::equal(c[i].cpu(), b[i])) << i;
+  }
+  const auto cuda_key = cuda_model->parameters()[0].unsafeGetTensorImpl();
+  EXPECT_TRUE(static_cast<lamp::optim::FusedAdamParamState&>(
+                  *cuda_adam.state().at(cuda_key))
+                  .step()
+                  .is_cuda());
 }
 
 // SIGKILL while a checkpoint is being written: the previous one stays

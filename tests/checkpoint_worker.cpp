@@ -1,11 +1,12 @@
 // A separate process for tests/checkpoint_test.cpp: resuming must work in a
 // new process, and a save is killed from outside.
 //
-//   checkpoint_worker train MODEL STEPS STOP DIR [resume]
+//   checkpoint_worker train MODEL STEPS STOP DIR fresh|resume [cpu|cuda]
 //     Trains MODEL (mlp: dropout MLP; conv: conv + BatchNorm net) for steps
 //     [first, STOP) of a STEPS-step run: FusedAdam + GradScaler (an inf at
-//     steps 5 and 6) + warm-up/cosine schedule + gradient clipping; batches
-//     and dropout draw from the global RNG. Starts from the newest
+//     steps 5 and 6) + warm-up/cosine schedule + gradient clipping; on
+//     CUDA under fp16 autocast with deterministic cuDNN. Batches draw from
+//     the global CPU RNG, dropout from the device's. Starts from the newest
 //     checkpoint in DIR with `resume`, saves one at STOP. Prints
 //     "step I LOSS SCALE" per step (hex floats) and, at the end, one
 //     "tensor NAME HASH" per parameter, buffer and optimizer state tensor.
@@ -58,8 +59,13 @@ int train(
     int64_t steps,
     int64_t stop,
     const std::string& dir,
-    bool resume) {
+    bool resume,
+    const torch::Device& device) {
   torch::manual_seed(0);
+  if (device.is_cuda()) {
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
   torch::nn::Sequential mlp(
       torch::nn::Linear(32, 64),
       torch::nn::ReLU(),
@@ -68,7 +74,10 @@ int train(
   ConvNet conv;
   torch::nn::Module& model =
       which == "mlp" ? static_cast<torch::nn::Module&>(*mlp) : *conv;
+  model.to(device);
   auto forward = [&](const torch::Tensor& x) {
+    lamp::AutocastGuard autocast(
+        device.type(), torch::kHalf, /*enabled=*/device.is_cuda());
     return which == "mlp" ? mlp->forward(x) : conv->forward(x);
   };
   lamp::optim::FusedAdam optimizer(
@@ -76,11 +85,19 @@ int train(
   lamp::GradScaler scaler(
       lamp::GradScalerOptions().init_scale(256).growth_interval(4));
 
+  // Warm-up + cosine, the common recipe.
+  namespace lo = lamp::optim;
+  lo::SequentialLR schedule(
+      optimizer,
+      {std::make_shared<lo::LinearLR>(optimizer, 0.1, 1.0, 5),
+       std::make_shared<lo::CosineAnnealingLR>(optimizer, steps - 5)},
+      {5});
   int64_t step = 0;
   lamp::TrainingState state;
   state.add("model", model)
       .add("optimizer", optimizer)
       .add("scaler", scaler)
+      .add("schedule", schedule)
       .add("step", step);
   lamp::CheckpointManager checkpoints(dir);
   if (resume) {
@@ -98,8 +115,10 @@ int train(
       g.view(-1)[0] = std::numeric_limits<float>::infinity();
     }
     scaler.unscale_(optimizer);
+    lamp::clip_grad_norm_(model.parameters(), 0.5);
     scaler.step(optimizer);
     scaler.update();
+    schedule.step();
     std::printf(
         "step %" PRId64 " %a %a\n",
         step,
@@ -152,13 +171,14 @@ int save_loop(const std::string& dir, int64_t mib) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "train" && argc >= 6) {
+  if (mode == "train" && argc >= 7) {
     return train(
         argv[2],
         std::stoll(argv[3]),
         std::stoll(argv[4]),
         argv[5],
-        argc > 6 && std::string(argv[6]) == "resume");
+        std::string(argv[6]) == "resume",
+        torch::Device(argc > 7 ? argv[7] : "cpu"));
   }
   if (mode == "save-loop" && argc == 4) {
     return save_loop(argv[2], std::stoll(argv[3]));
