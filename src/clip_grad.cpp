@@ -1,6 +1,7 @@
 #include <lamp/clip_grad.h>
 
 #include "multi_tensor.h"
+#include "python_repr.h"
 
 #include <ATen/native/ForeachUtils.h>
 #include <ATen/ops/_foreach_clamp_max.h>
@@ -84,58 +85,6 @@ bool use_foreach(std::optional<bool> foreach, c10::Device device) {
   return supported && foreach.value_or(true);
 }
 
-// Python's repr() of a float (shortest round-trip digits; "2.0", "inf",
-// "1e-05"), for the error message that prints `norm_type`.
-std::string python_repr(double x) {
-  if (std::isnan(x)) {
-    return "nan";
-  }
-  if (std::isinf(x)) {
-    return x > 0 ? "inf" : "-inf";
-  }
-  char buffer[32];
-  for (int precision = 0; precision < 17; ++precision) {
-    std::snprintf(buffer, sizeof(buffer), "%.*e", precision, x);
-    if (std::strtod(buffer, nullptr) == x) {
-      break;
-    }
-  }
-  // buffer is "[-]d[.ddd]e±XX": split it into sign, digits and the
-  // position of the decimal point (value = 0.digits * 10^point).
-  std::string text(buffer);
-  const auto e = text.find('e');
-  const int point = std::atoi(text.c_str() + e + 1) + 1;
-  std::string sign = text[0] == '-' ? "-" : "";
-  std::string digits;
-  for (size_t i = sign.size(); i < e; ++i) {
-    if (text[i] != '.') {
-      digits += text[i];
-    }
-  }
-  const int n = static_cast<int>(digits.size());
-  // NOTE: Python's float_repr_style 'short' switches to an exponent when
-  // the point is 4 places left of the digits or 16 right.
-  if (point > -4 && point <= 16) {
-    if (point <= 0) {
-      return sign + "0." + std::string(-point, '0') + digits;
-    }
-    if (point >= n) {
-      return sign + digits + std::string(point - n, '0') + ".0";
-    }
-    return sign + digits.substr(0, point) + "." + digits.substr(point);
-  }
-  const int exponent = point - 1;
-  std::snprintf(
-      buffer,
-      sizeof(buffer),
-      "e%c%02d",
-      exponent < 0 ? '-' : '+',
-      std::abs(exponent));
-  const auto mantissa =
-      n == 1 ? digits : digits.substr(0, 1) + "." + digits.substr(1);
-  return sign + mantissa + buffer;
-}
-
 // Python's torch.stack(norms). NOTE: CUDA's _foreach_norm returns the
 // elements of one 1-D buffer; when `norms` are exactly those, in order,
 // that buffer holds what stack() would copy: it is reduced directly (same
@@ -208,7 +157,7 @@ torch::Tensor get_total_norm(
       !error_if_nonfinite ||
           !at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>(),
       "The total norm of order ",
-      python_repr(norm_type),
+      detail::python_repr(norm_type),
       " for gradients from `parameters` is non-finite, so it cannot be "
       "clipped. To disable this error and scale the gradients by the "
       "non-finite norm anyway, set `error_if_nonfinite=False`");

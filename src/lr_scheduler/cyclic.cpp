@@ -14,6 +14,7 @@
 #include <tuple>
 #include <utility>
 
+#include "../python_repr.h"
 #include "state.h"
 
 namespace lamp::optim {
@@ -117,7 +118,7 @@ std::vector<double> one_cycle_initial_lrs(
   TORCH_CHECK_VALUE(
       !(options.pct_start() < 0 || options.pct_start() > 1),
       "Expected float between 0 and 1 pct_start, but got ",
-      detail::python_float_repr(options.pct_start()));
+      lamp::detail::python_repr(options.pct_start()));
   TORCH_CHECK_VALUE(
       options.anneal_strategy() == "cos" ||
           options.anneal_strategy() == "linear",

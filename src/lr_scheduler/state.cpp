@@ -1,5 +1,7 @@
 #include "state.h"
 
+#include "../python_repr.h"
+
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -55,27 +57,6 @@ std::string python_type_name(const c10::IValue& value) {
     return "Tensor";
   }
   return value.tagKind();
-}
-
-std::string python_float_repr(double value) {
-  if (std::isnan(value)) {
-    return "nan";
-  }
-  if (std::isinf(value)) {
-    return value > 0 ? "inf" : "-inf";
-  }
-  char buffer[32];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
-    if (std::strtod(buffer, nullptr) == value) {
-      break;
-    }
-  }
-  std::string out(buffer);
-  if (out.find_first_of(".e") == std::string::npos) {
-    out += ".0";
-  }
-  return out;
 }
 
 std::optional<double> as_double(const c10::IValue& value) {
@@ -136,7 +117,7 @@ int64_t StateReader::get_integral(const std::string& key) const {
   fail(
       key,
       "an int",
-      value.isDouble() ? "float " + python_float_repr(value.toDouble())
+      value.isDouble() ? "float " + lamp::detail::python_repr(value.toDouble())
                        : python_type_name(value));
 }
 

@@ -21,8 +21,6 @@ c10::IValue double_list(const std::vector<double>& values);
 c10::IValue int_list(const std::vector<int64_t>& values);
 /// Python's type name of `value` (int, float, bool, str, list, dict, None).
 std::string python_type_name(const c10::IValue& value);
-/// Python's repr of a float (shortest round-trip digits, "1.0" not "1").
-std::string python_float_repr(double value);
 
 /// Reads the values of a state dict, checking each key's presence and type.
 /// Every failure throws a `c10::Error` that starts with `where` and names the
