@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -232,7 +233,70 @@ c10::IValue cpu(const torch::Tensor& t) {
   return t.defined() ? c10::IValue(t.detach().to(at::kCPU)) : c10::IValue();
 }
 
+// Python's param_groups and state: each group's hyperparameters from
+// `group_dict(options)` plus "params" (indices counting over all groups),
+// each parameter's state from `state_dict(param_state)` (nullopt: none).
+template <typename GroupDict, typename StateDict>
+void save_groups(
+    const Optimizer& o,
+    const GroupDict& group_dict,
+    const StateDict& state_dict,
+    Dict& state,
+    c10::impl::GenericList& groups) {
+  int64_t id = 0;
+  for (const auto& group : o.param_groups()) {
+    Dict g = group_dict(group.options());
+    c10::impl::GenericList ids(c10::AnyType::get());
+    for (const auto& p : group.params()) {
+      ids.push_back(id);
+      const auto it = o.state().find(p.unsafeGetTensorImpl());
+      if (it != o.state().end()) {
+        if (auto s = state_dict(*it->second)) {
+          state.insert(id, *s);
+        }
+      }
+      ++id;
+    }
+    g.insert("params", ids);
+    groups.push_back(g);
+  }
+}
+
+// The live state of type `State` of `param`, made if missing.
+template <typename State>
+State& state_of(Optimizer& o, const torch::Tensor& param) {
+  auto& slot = o.state()[param.unsafeGetTensorImpl()];
+  if (!slot) {
+    slot = std::make_unique<State>();
+  }
+  return static_cast<State&>(*slot);
+}
+
 // ---- Adam / AdamW ----------------------------------------------------------
+
+// NOTE: the same moments in lamp's FusedAdamParamState (step: a device
+// tensor) and LibTorch's AdamParamState (step: an int).
+template <typename State>
+Dict adam_state(const State& ps, c10::IValue step) {
+  auto s = new_dict();
+  s.insert("step", std::move(step));
+  s.insert("exp_avg", cpu(ps.exp_avg()));
+  s.insert("exp_avg_sq", cpu(ps.exp_avg_sq()));
+  if (ps.max_exp_avg_sq().defined()) {
+    s.insert("max_exp_avg_sq", cpu(ps.max_exp_avg_sq()));
+  }
+  return s;
+}
+
+template <typename State>
+void load_adam_moments(State& ps, const Dict& s, const torch::Tensor& param) {
+  ps.exp_avg(assign(ps.exp_avg(), s.at("exp_avg").toTensor(), param));
+  ps.exp_avg_sq(assign(ps.exp_avg_sq(), s.at("exp_avg_sq").toTensor(), param));
+  if (s.contains("max_exp_avg_sq") && !s.at("max_exp_avg_sq").isNone()) {
+    ps.max_exp_avg_sq(
+        assign(ps.max_exp_avg_sq(), s.at("max_exp_avg_sq").toTensor(), param));
+  }
+}
 
 template <typename Options>
 void save_adam(
@@ -240,9 +304,8 @@ void save_adam(
     Kind kind,
     Dict& state,
     c10::impl::GenericList& groups) {
-  int64_t id = 0;
-  for (const auto& group : o.param_groups()) {
-    const auto& opt = static_cast<const Options&>(group.options());
+  auto group_dict = [&](const torch::optim::OptimizerOptions& options) {
+    const auto& opt = static_cast<const Options&>(options);
     auto g = new_dict();
     g.insert("lr", opt.lr());
     g.insert(
@@ -258,65 +321,32 @@ void save_adam(
     g.insert("differentiable", false);
     g.insert("fused", kind.fused ? c10::IValue(true) : c10::IValue());
     g.insert("decoupled_weight_decay", kind.family == Family::kAdamW);
-    c10::impl::GenericList ids(c10::AnyType::get());
-    for (const auto& p : group.params()) {
-      ids.push_back(id);
-      const auto it = o.state().find(p.unsafeGetTensorImpl());
-      if (it != o.state().end()) {
-        auto s = new_dict();
-        if (kind.fused) {
-          const auto& ps =
-              static_cast<const optim::FusedAdamParamState&>(*it->second);
-          s.insert("step", cpu(ps.step()));
-          s.insert("exp_avg", cpu(ps.exp_avg()));
-          s.insert("exp_avg_sq", cpu(ps.exp_avg_sq()));
-          if (ps.max_exp_avg_sq().defined()) {
-            s.insert("max_exp_avg_sq", cpu(ps.max_exp_avg_sq()));
-          }
-        } else {
-          const auto& ps =
-              static_cast<const torch::optim::AdamParamState&>(*it->second);
-          s.insert(
-              "step",
-              at::scalar_tensor(static_cast<double>(ps.step()), at::kFloat));
-          s.insert("exp_avg", cpu(ps.exp_avg()));
-          s.insert("exp_avg_sq", cpu(ps.exp_avg_sq()));
-          if (ps.max_exp_avg_sq().defined()) {
-            s.insert("max_exp_avg_sq", cpu(ps.max_exp_avg_sq()));
-          }
-        }
-        state.insert(id, s);
-      }
-      ++id;
+    return g;
+  };
+  auto state_dict = [&](const torch::optim::OptimizerParamState& param_state)
+      -> std::optional<Dict> {
+    if (kind.fused) {
+      const auto& ps =
+          static_cast<const optim::FusedAdamParamState&>(param_state);
+      return adam_state(ps, cpu(ps.step()));
     }
-    g.insert("params", ids);
-    groups.push_back(g);
-  }
+    const auto& ps =
+        static_cast<const torch::optim::AdamParamState&>(param_state);
+    // Python's non-fused Adam keeps `step` in a float32 CPU tensor.
+    return adam_state(
+        ps, at::scalar_tensor(static_cast<double>(ps.step()), at::kFloat));
+  };
+  save_groups(o, group_dict, state_dict, state, groups);
 }
 
 void check_adam(const Layout& l) {
-  for (size_t g = 0; g < l.groups.size(); ++g) {
-    const auto& group = l.groups[g];
+  for (const auto& group : l.groups) {
     number(group, "lr");
     betas(group);
     number(group, "eps");
     number(group, "weight_decay");
-    boolean(group, "amsgrad");
     check_off(group, "maximize");
-  }
-  for (const auto& entry : l.state) {
-    const auto id = entry.key().toInt();
-    const auto& param = l.params.at(id);
-    const auto s = entry.value().toGenericDict();
-    step_value(s, id);
-    state_tensor(s, "exp_avg", param, id);
-    state_tensor(s, "exp_avg_sq", param, id);
-    if (s.contains("max_exp_avg_sq") && !s.at("max_exp_avg_sq").isNone()) {
-      state_tensor(s, "max_exp_avg_sq", param, id);
-    }
-  }
-  // amsgrad on needs max_exp_avg_sq for every parameter with state.
-  for (const auto& group : l.groups) {
+    // amsgrad on needs max_exp_avg_sq for every parameter with state.
     if (boolean(group, "amsgrad")) {
       for (const auto& id : group.at("params").toListRef()) {
         const auto it = l.state.find(id);
@@ -327,6 +357,17 @@ void check_adam(const Layout& l) {
             id.toInt(),
             ": amsgrad is on but 'max_exp_avg_sq' is missing");
       }
+    }
+  }
+  for (const auto& entry : l.state) {
+    const auto id = entry.key().toInt();
+    const auto& param = l.params.at(id);
+    const auto s = entry.value().toGenericDict();
+    step_value(s, id);
+    state_tensor(s, "exp_avg", param, id);
+    state_tensor(s, "exp_avg_sq", param, id);
+    if (s.contains("max_exp_avg_sq") && !s.at("max_exp_avg_sq").isNone()) {
+      state_tensor(s, "max_exp_avg_sq", param, id);
     }
   }
 }
@@ -346,48 +387,25 @@ void load_adam(Optimizer& o, Kind kind, const Layout& l) {
   }
   torch::NoGradGuard no_grad;
   for (const auto& [id, param] : l.params) {
-    auto key = param.unsafeGetTensorImpl();
     const auto it = l.state.find(id);
     if (it == l.state.end()) {
-      o.state().erase(key);
+      o.state().erase(param.unsafeGetTensorImpl());
       continue;
     }
     const auto s = it->value().toGenericDict();
     const double step = step_value(s, id);
-    const auto& exp_avg = s.at("exp_avg").toTensor();
-    const auto& exp_avg_sq = s.at("exp_avg_sq").toTensor();
-    const bool ams =
-        s.contains("max_exp_avg_sq") && !s.at("max_exp_avg_sq").isNone();
-    auto& slot = o.state()[key];
     if (kind.fused) {
-      if (!slot) {
-        slot = std::make_unique<optim::FusedAdamParamState>();
-      }
-      auto& ps = static_cast<optim::FusedAdamParamState&>(*slot);
-      const auto saved_step = at::scalar_tensor(step, at::kFloat);
+      auto& ps = state_of<optim::FusedAdamParamState>(o, param);
       if (ps.step().defined()) {
-        ps.step().fill_(step);
+        ps.step().fill_(step); // in place: graphs keep their memory
       } else {
-        ps.step(saved_step.to(param.device()));
+        ps.step(at::scalar_tensor(step, at::kFloat).to(param.device()));
       }
-      ps.exp_avg(assign(ps.exp_avg(), exp_avg, param));
-      ps.exp_avg_sq(assign(ps.exp_avg_sq(), exp_avg_sq, param));
-      if (ams) {
-        ps.max_exp_avg_sq(assign(
-            ps.max_exp_avg_sq(), s.at("max_exp_avg_sq").toTensor(), param));
-      }
+      load_adam_moments(ps, s, param);
     } else {
-      if (!slot) {
-        slot = std::make_unique<torch::optim::AdamParamState>();
-      }
-      auto& ps = static_cast<torch::optim::AdamParamState&>(*slot);
+      auto& ps = state_of<torch::optim::AdamParamState>(o, param);
       ps.step(static_cast<int64_t>(std::llround(step)));
-      ps.exp_avg(assign(ps.exp_avg(), exp_avg, param));
-      ps.exp_avg_sq(assign(ps.exp_avg_sq(), exp_avg_sq, param));
-      if (ams) {
-        ps.max_exp_avg_sq(assign(
-            ps.max_exp_avg_sq(), s.at("max_exp_avg_sq").toTensor(), param));
-      }
+      load_adam_moments(ps, s, param);
     }
   }
 }
@@ -399,10 +417,8 @@ void save_sgd(
     Kind kind,
     Dict& state,
     c10::impl::GenericList& groups) {
-  int64_t id = 0;
-  for (const auto& group : o.param_groups()) {
-    const auto& opt =
-        static_cast<const torch::optim::SGDOptions&>(group.options());
+  auto group_dict = [&](const torch::optim::OptimizerOptions& options) {
+    const auto& opt = static_cast<const torch::optim::SGDOptions&>(options);
     auto g = new_dict();
     g.insert("lr", opt.lr());
     g.insert("momentum", opt.momentum());
@@ -413,25 +429,21 @@ void save_sgd(
     g.insert("foreach", c10::IValue());
     g.insert("differentiable", false);
     g.insert("fused", kind.fused ? c10::IValue(true) : c10::IValue());
-    c10::impl::GenericList ids(c10::AnyType::get());
-    for (const auto& p : group.params()) {
-      ids.push_back(id);
-      const auto it = o.state().find(p.unsafeGetTensorImpl());
-      if (it != o.state().end()) {
-        const auto& ps =
-            static_cast<const torch::optim::SGDParamState&>(*it->second);
-        // NOTE: as Python, only parameters with a momentum buffer have state.
-        if (ps.momentum_buffer().defined()) {
-          auto s = new_dict();
-          s.insert("momentum_buffer", cpu(ps.momentum_buffer()));
-          state.insert(id, s);
-        }
-      }
-      ++id;
+    return g;
+  };
+  auto state_dict = [](const torch::optim::OptimizerParamState& param_state)
+      -> std::optional<Dict> {
+    const auto& ps =
+        static_cast<const torch::optim::SGDParamState&>(param_state);
+    // NOTE: as Python, only parameters with a momentum buffer have state.
+    if (!ps.momentum_buffer().defined()) {
+      return std::nullopt;
     }
-    g.insert("params", ids);
-    groups.push_back(g);
-  }
+    auto s = new_dict();
+    s.insert("momentum_buffer", cpu(ps.momentum_buffer()));
+    return s;
+  };
+  save_groups(o, group_dict, state_dict, state, groups);
 }
 
 void check_sgd(const Layout& l) {
@@ -465,19 +477,14 @@ void load_sgd(Optimizer& o, const Layout& l) {
   }
   torch::NoGradGuard no_grad;
   for (const auto& [id, param] : l.params) {
-    auto key = param.unsafeGetTensorImpl();
     const auto it = l.state.find(id);
     const auto s =
         it == l.state.end() ? new_dict() : it->value().toGenericDict();
     if (!s.contains("momentum_buffer") || s.at("momentum_buffer").isNone()) {
-      o.state().erase(key);
+      o.state().erase(param.unsafeGetTensorImpl());
       continue;
     }
-    auto& slot = o.state()[key];
-    if (!slot) {
-      slot = std::make_unique<torch::optim::SGDParamState>();
-    }
-    auto& ps = static_cast<torch::optim::SGDParamState&>(*slot);
+    auto& ps = state_of<torch::optim::SGDParamState>(o, param);
     ps.momentum_buffer(assign(
         ps.momentum_buffer(), s.at("momentum_buffer").toTensor(), param));
   }
