@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../examples/resnet50_amp/resnet50.h"
+#include "resnet50_amp/resnet50.h"
 
 namespace {
 

@@ -13,7 +13,6 @@
 #include <lamp/lamp.h>
 
 #include <CLI/CLI.hpp>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -22,9 +21,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
+
+#include "common.h"
 
 namespace {
 
@@ -37,12 +37,6 @@ struct Options {
   std::string trace;
 };
 
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) {
-    torch::cuda::synchronize();
-  }
-}
-
 // Median over `repeats` of the mean step time of `steps` back-to-back steps.
 double time_ms(
     const Options& opt,
@@ -53,19 +47,18 @@ double time_ms(
   }
   std::vector<double> per_step;
   for (int64_t r = 0; r < opt.repeats; ++r) {
-    synchronize(device);
+    examples::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < opt.steps; ++i) {
       step();
     }
-    synchronize(device);
+    examples::synchronize(device);
     const auto stop = std::chrono::steady_clock::now();
     per_step.push_back(
         std::chrono::duration<double, std::milli>(stop - start).count() /
         opt.steps);
   }
-  std::sort(per_step.begin(), per_step.end());
-  return per_step[per_step.size() / 2];
+  return examples::median(per_step);
 }
 
 enum class Phase { kForward, kForwardBackward, kStep };
@@ -143,17 +136,13 @@ double run(
       next_lr();
     });
     if (!opt.trace.empty()) {
-      namespace prof = torch::profiler::impl;
-      const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
-      const std::set<prof::ActivityType> activities{
-          prof::ActivityType::CPU, prof::ActivityType::CUDA};
-      torch::autograd::profiler::prepareProfiler(config, activities);
-      torch::autograd::profiler::enableProfiler(config, activities);
+      examples::Trace trace(opt.trace);
+      trace.start();
       for (int i = 0; i < 10; ++i) {
         graph({x, y});
       }
-      synchronize(device);
-      torch::autograd::profiler::disableProfiler()->save(opt.trace);
+      examples::synchronize(device);
+      trace.stop();
     }
     return ms;
   }

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <thread>
 
-#include "../examples/resnet50_amp/resnet50.h"
+#include "resnet50_amp/resnet50.h"
 #include "support.h"
 
 extern char** environ;

@@ -7,7 +7,7 @@
 #include <iterator>
 #include <string>
 
-#include "../examples/resnet50_amp/resnet50.h"
+#include "resnet50_amp/resnet50.h"
 #include "support.h"
 
 namespace {

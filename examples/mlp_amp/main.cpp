@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
-#include "../progress.h"
-#include "../training.h"
+#include "common.h"
+#include "progress.h"
+#include "training.h"
 
 namespace {
 

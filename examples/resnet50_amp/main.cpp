@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
-#include "../progress.h"
-#include "../training.h"
-#include "resnet50.h"
+#include "common.h"
+#include "progress.h"
+#include "resnet50_amp/resnet50.h"
+#include "training.h"
 
 namespace {
 
@@ -381,6 +381,15 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // NOTE: "-" where nothing was measured (the CPU has no allocator
+  // statistics), not 0.00.
+  auto gib = [](int64_t bytes) {
+    char text[32] = "-";
+    if (bytes > 0) {
+      std::snprintf(text, sizeof text, "%.2f", bytes / double(1 << 30));
+    }
+    return std::string(text);
+  };
   const Result* fp32 = nullptr;
   for (const auto& r : results) {
     if (r.precision.name == "fp32") {
@@ -405,11 +414,11 @@ int main(int argc, char** argv) {
       "memory");
   for (const auto& r : results) {
     std::printf(
-        "%-9s %10.2f %10.1f %10.2f %10.4f %10g",
+        "%-9s %10.2f %10.1f %10s %10.4f %10g",
         r.precision.name.c_str(),
         r.median_ms,
         r.images_per_s,
-        r.peak_bytes / double(1 << 30),
+        gib(r.peak_bytes).c_str(),
         r.final_loss,
         r.final_scale);
     if (fp32 && fp32->peak_bytes > 0) {
