@@ -294,6 +294,33 @@ TEST(Checkpoint, BadInputIsAnErrorAndChangesNothing) {
   expect_error(
       [&] { lamp::load_checkpoint(state, dir + "/corrupt.pt"); }, "corrupt.pt");
   unchanged();
+  // An unexpected key: a checkpoint of the model with one more layer.
+  auto longer = small_mlp();
+  longer->push_back(torch::nn::Linear(3, 3));
+  lamp::TrainingState longer_state;
+  longer_state.add("model", *longer)
+      .add("optimizer", adam)
+      .add("scaler", scaler)
+      .add("step", step);
+  lamp::save_checkpoint(longer_state, dir + "/longer.pt");
+  expect_error(
+      [&] { lamp::load_checkpoint(state, dir + "/longer.pt"); },
+      "longer.pt: key 'model': unexpected key '3.weight'");
+  unchanged();
+  // Another dtype: the same model in double precision.
+  auto doubled = small_mlp();
+  doubled->to(torch::kDouble);
+  lamp::TrainingState doubled_state;
+  doubled_state.add("model", *doubled)
+      .add("optimizer", adam)
+      .add("scaler", scaler)
+      .add("step", step);
+  lamp::save_checkpoint(doubled_state, dir + "/double.pt");
+  expect_error(
+      [&] { lamp::load_checkpoint(state, dir + "/double.pt"); },
+      "double.pt: key 'model': key '0.weight' has dtype Double in the "
+      "checkpoint and Float in the model");
+  unchanged();
   // A missing key: the checkpoint of a state without a scaler.
   lamp::TrainingState no_scaler;
   no_scaler.add("model", *model).add("optimizer", adam).add("step", step);
