@@ -4,7 +4,10 @@
 #   2. the torch of `python3` (torch.utils.cmake_prefix_path), the usual case on
 #      GPU hosts with PyTorch installed;
 #   3. PyPI torch==${LAMP_TORCH_PIN} installed into a project-local virtual
-#      environment (LAMP_VENV_DIR, git-ignored), created on first configure.
+#      environment (LAMP_VENV_DIR, git-ignored), created on first configure;
+#      only when lamp is the top-level project (a consumer that adds lamp
+#      with add_subdirectory/FetchContent gets an error asking for Torch_DIR,
+#      and nothing is installed into its environment).
 # Sets LAMP_TORCH_SOURCE (which of the three was used) and LAMP_PYTHON (a python
 # whose `import torch` is this same LibTorch, used by the tests as their oracle;
 # empty when there is none).
@@ -139,6 +142,16 @@ if(NOT LAMP_TORCH_SOURCE AND NOT LAMP_TORCH_VENV AND Python3_Interpreter_FOUND)
     set(LAMP_TORCH_SOURCE "the torch of ${Python3_EXECUTABLE}")
     set(LAMP_PYTHON "${Python3_EXECUTABLE}")
   endif()
+endif()
+
+if(NOT LAMP_TORCH_SOURCE AND NOT PROJECT_IS_TOP_LEVEL)
+  # NOTE: a project that adds lamp (add_subdirectory, FetchContent) owns its
+  # environment: lamp creates no venv and installs nothing into it.
+  message(FATAL_ERROR
+    "lamp: no LibTorch ${LAMP_TORCH_PIN} found. lamp installs one into a "
+    "virtual environment only when it is the top-level project; here, point "
+    "the build at yours with -DTorch_DIR=<libtorch>/share/cmake/Torch (or "
+    "CMAKE_PREFIX_PATH), or find_package(Torch) before adding lamp.")
 endif()
 
 if(NOT LAMP_TORCH_SOURCE)
