@@ -185,7 +185,7 @@ std::unique_ptr<NcclComm> NcclComm::create(
       " ranks) failed: ",
       ncclGetErrorString(call->result),
       call->detail.empty() ? "" : " (" + call->detail + ")");
-  return std::unique_ptr<NcclComm>(new NcclComm(rank, call->comm));
+  return std::unique_ptr<NcclComm>(new NcclComm(rank, device, call->comm));
 }
 
 NcclComm::~NcclComm() {
@@ -280,8 +280,13 @@ void NcclComm::shutdown(Clock::time_point deadline) noexcept {
   std::shared_ptr<HelperCall> call;
   try {
     call = std::make_shared<HelperCall>();
-    std::thread([call, comm] {
-      const ncclResult_t result = ncclCommFinalize(comm);
+    std::thread([call, comm, device = device_] {
+      ncclResult_t result = ncclUnhandledCudaError;
+      try {
+        c10::cuda::set_device(device); // a new thread starts on device 0
+        result = ncclCommFinalize(comm);
+      } catch (const std::exception&) { // NOLINT(bugprone-empty-catch)
+      }
       std::lock_guard<std::mutex> lock(call->mutex);
       call->result = result;
       call->done = true;

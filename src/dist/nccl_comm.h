@@ -5,6 +5,7 @@
 
 #include <lamp/dist/process_group.h>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -170,10 +171,12 @@ class NcclComm {
   }
 
  private:
-  NcclComm(int64_t rank, ncclComm_t comm) : rank_(rank), comm_(comm) {}
+  NcclComm(int64_t rank, c10::DeviceIndex device, ncclComm_t comm)
+      : rank_(rank), device_(device), comm_(comm) {}
   static int64_t now_ns();
 
   const int64_t rank_;
+  const c10::DeviceIndex device_;
   std::atomic<ncclComm_t> comm_;
   std::timed_mutex call_mutex_;
   std::atomic<bool> aborted_{false};

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/cuda.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -113,23 +114,31 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   const bool nccl = impl.options.nccl();
   const auto devices = static_cast<int64_t>(torch::cuda::device_count());
   if (devices > 0) {
-    TORCH_CHECK_VALUE(
-        config.local_rank < devices,
-        "lamp::dist: the local rank is ",
-        config.local_rank,
-        " but this host has ",
-        devices,
-        " CUDA device(s); start at most ",
-        devices,
-        " processes per host (torchrun --nproc_per_node=",
-        devices,
-        ", srun --ntasks-per-node=",
-        devices,
-        ") (launcher: ",
-        to_string(config.launcher),
-        ").");
-    impl.device = c10::Device(
-        c10::kCUDA, static_cast<c10::DeviceIndex>(config.local_rank));
+    int64_t index = config.local_rank;
+    if (index >= devices) {
+      // NOTE: a launcher that binds GPUs to tasks (Slurm's --gpus-per-task
+      // or --gpu-bind, a site's prolog) makes each process see only its
+      // own: the first visible device is this rank's. Two ranks on one GPU
+      // are then NCCL's "duplicate GPU" error.
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      TORCH_CHECK_VALUE(
+          visible != nullptr && *visible != '\0',
+          "lamp::dist: the local rank is ",
+          config.local_rank,
+          " but this host has ",
+          devices,
+          " CUDA device(s); start at most ",
+          devices,
+          " processes per host (torchrun --nproc_per_node=",
+          devices,
+          ", srun --ntasks-per-node=",
+          devices,
+          ") (launcher: ",
+          to_string(config.launcher),
+          ").");
+      index = 0;
+    }
+    impl.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     c10::impl::VirtualGuardImpl(c10::kCUDA).setDevice(impl.device);
   }
   if (config.world_size == 1) {

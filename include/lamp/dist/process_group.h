@@ -65,8 +65,10 @@ class LAMP_API ProcessGroup {
   int64_t local_rank() const;
   /// How this process was launched and where the ranks met.
   const LaunchConfig& launch_config() const;
-  /// This rank's device: `cuda:<local_rank>`, or the CPU on a host without
-  /// CUDA devices.
+  /// This rank's device: `cuda:<local_rank>`; `cuda:0` when the launcher
+  /// shows each process only its own GPUs (CUDA_VISIBLE_DEVICES, e.g. Slurm's
+  /// `--gpus-per-task=1`) so that the local rank is past the visible ones;
+  /// the CPU on a host without CUDA devices.
   c10::Device device() const;
   std::chrono::milliseconds timeout() const;
   /// The store the ranks met on (null in a world of one). Include
