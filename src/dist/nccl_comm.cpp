@@ -296,16 +296,18 @@ void NcclComm::shutdown(Clock::time_point deadline) noexcept {
     abort("shutting down: could not start the finalizing thread");
     return;
   }
-  bool finalized = false;
+  std::string failure;
   {
     std::unique_lock<std::mutex> lock(call->mutex);
-    finalized =
-        call->done_cv.wait_until(lock, deadline, [&] { return call->done; }) &&
-        call->result == ncclSuccess;
-    call->abandoned = !call->done;
+    if (!call->done_cv.wait_until(lock, deadline, [&] { return call->done; })) {
+      call->abandoned = true;
+      failure = "did not finish in time";
+    } else if (call->result != ncclSuccess) {
+      failure = std::string("failed: ") + ncclGetErrorString(call->result);
+    }
   }
-  if (!finalized) {
-    abort("shutting down: ncclCommFinalize did not finish in time");
+  if (!failure.empty()) {
+    abort("shutting down: ncclCommFinalize " + failure);
     return;
   }
   comm_.store(nullptr);
