@@ -3,6 +3,8 @@
 #include <lamp/config.h>
 #include <lamp/optim.h>
 
+#include "dist/backend.h"
+
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -10,11 +12,13 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -66,6 +70,33 @@ struct GraphedStep::Impl {
 #endif
 
   std::vector<double> captured_hyperparameters; // of all optimizers, in order
+  // The process groups whose collectives the graph holds. See Note
+  // [Watching collectives] (src/dist/watchdog.h).
+  std::vector<std::weak_ptr<dist::detail::Backend>> collectives;
+
+  // Before a replay: a group that was aborted (its communicator is gone,
+  // and the graph holds it) or destroyed must not be replayed.
+  void check_collectives() const {
+    for (const auto& weak : collectives) {
+      const auto backend = weak.lock();
+      TORCH_CHECK_WITH(
+          DistBackendError,
+          backend,
+          "lamp::GraphedStep: the captured step holds collectives of a "
+          "process group that was destroyed; call reset() to capture the "
+          "step again with the group in use.");
+      backend->check();
+    }
+  }
+
+  // After a replay on `stream`: its collectives must complete in time.
+  void watch_replay(const c10::Stream& stream) const {
+    for (const auto& weak : collectives) {
+      if (const auto backend = weak.lock()) {
+        backend->watch_replay(stream);
+      }
+    }
+  }
 
   // Learning rates live in device tensors that the captured kernels read;
   // bring them up to date before the graph runs.
@@ -146,9 +177,15 @@ struct GraphedStep::Impl {
     // NOTE: our own pool id: a failed capture cannot tell its pool.
     pool = at::cuda::graph_pool_handle();
     graph->capture_begin(pool);
+    // The process groups that enqueue collectives during this capture note
+    // themselves under its id (Note [Watching collectives]).
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long capture_id = 0;
+    C10_CUDA_CHECK(cudaStreamGetCaptureInfo(*side, &status, &capture_id));
     try {
       loss = step(inputs);
     } catch (const std::exception& e) {
+      (void)dist::detail::take_captured_collectives(capture_id);
       abandon_capture();
       TORCH_CHECK(
           false,
@@ -161,9 +198,11 @@ struct GraphedStep::Impl {
           "masked_select) or DDP's find_unused_parameters inside it; read "
           "the returned loss outside the step instead.");
     }
+    collectives = dist::detail::take_captured_collectives(capture_id);
     try {
       graph->capture_end();
     } catch (const std::exception& e) {
+      collectives.clear();
       abandon_capture();
       TORCH_CHECK(
           false,
@@ -331,7 +370,9 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     impl.check_hyperparameters();
   }
   ++impl.calls;
+  impl.check_collectives();
   impl.graph->replay();
+  impl.watch_replay(c10::cuda::getCurrentCUDAStream());
 #endif
   return impl.loss;
 }
@@ -342,6 +383,7 @@ void GraphedStep::reset() {
     torch::cuda::synchronize(); // the graph's memory may still be in use
     impl_->graph.reset();
   }
+  impl_->collectives.clear();
 #endif
   impl_->loss = torch::Tensor();
 }

@@ -200,6 +200,23 @@ void check_adam_options(const Options& defaults) {
 
 void FusedOptimizer::sync_device_lr() {
   torch::NoGradGuard no_grad;
+  if (device_lr_) {
+    // NOTE: a tensor for every group and CUDA device now, before a capture:
+    // one made during a capture (a group whose parameters had no gradient
+    // in the warm-up) would be filled by a captured kernel, and every
+    // replay would reset it to the capture's learning rate.
+    const auto& groups = param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::optional<c10::Device> last;
+      for (const auto& param : groups[g].params()) {
+        const auto device = param.device();
+        if (device.is_cuda() && device != last) {
+          last = device;
+          (void)device_lr(g, device);
+        }
+      }
+    }
+  }
   for (auto& entry : device_lrs_) {
     const double lr = param_groups()[entry.group].options().get_lr();
     if (lr != entry.value) {
@@ -227,6 +244,15 @@ std::optional<torch::Tensor> FusedOptimizer::device_lr(
       return entry.lr;
     }
   }
+  TORCH_CHECK(
+      !detail::capturing(),
+      "lamp::optim::FusedOptimizer: param group ",
+      group,
+      " needs a device learning rate on ",
+      device,
+      " for the first time during a CUDA graph capture, where creating it "
+      "would bake in the current value. Call sync_device_lr() before the "
+      "capture (lamp::GraphedStep does), after adding param groups.");
   device_lrs_.push_back(
       {group,
        device,

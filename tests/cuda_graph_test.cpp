@@ -349,6 +349,66 @@ TEST_F(GraphedStepGpu, TorchOptimUnderTheScalerCannotBeCaptured) {
   EXPECT_EQ(torch::randn({2}, torch::kCUDA).numel(), 2);
 }
 
+// A param group whose parameters get no gradient during the warm-up gets
+// its device learning rate before the capture, not in it: a schedule
+// changing that group's lr after the capture still reaches the graph.
+TEST_F(GraphedStepGpu, LearningRateOfAGroupWithoutGradientsInTheWarmUp) {
+  struct TwoGroups {
+    TwoGroups() {
+      torch::manual_seed(3);
+      a->to(torch::kCUDA);
+      b->to(torch::kCUDA);
+      // NOTE: plain SGD: no optimizer state, which would be created in the
+      // capture too.
+      optimizer = std::make_unique<lamp::optim::FusedSGD>(
+          std::vector<torch::optim::OptimizerParamGroup>{
+              torch::optim::OptimizerParamGroup(a->parameters()),
+              torch::optim::OptimizerParamGroup(b->parameters())},
+          torch::optim::SGDOptions(0.1));
+    }
+    torch::Tensor step(const std::vector<torch::Tensor>& in, bool use_b) {
+      optimizer->zero_grad();
+      auto h = torch::relu(a->forward(in[0]));
+      auto loss = (use_b ? b->forward(h) : h).pow(2).mean();
+      loss.backward();
+      optimizer->step();
+      return loss.detach();
+    }
+    void set_lr_b(int64_t i) {
+      optimizer->param_groups()[1].options().set_lr(0.1 * (1.0 - i / 10.0));
+    }
+    torch::nn::Linear a{8, 8}, b{8, 4};
+    std::unique_ptr<lamp::optim::FusedSGD> optimizer;
+  };
+  torch::manual_seed(5);
+  std::vector<std::vector<torch::Tensor>> data;
+  for (int i = 0; i < 10; ++i) {
+    data.push_back({torch::randn({16, 8}, torch::kCUDA)});
+  }
+  TwoGroups eager;
+  for (int64_t i = 0; i < 10; ++i) {
+    eager.set_lr_b(i);
+    eager.step(data[i], i >= 3);
+  }
+  TwoGroups graphed;
+  bool use_b = false;
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) {
+        return graphed.step(in, use_b);
+      },
+      data[0],
+      {graphed.optimizer.get()});
+  for (int64_t i = 0; i < 10; ++i) {
+    graphed.set_lr_b(i);
+    use_b = i >= 3; // b gets gradients from the captured step on
+    step(data[i]);
+  }
+  EXPECT_TRUE(step.is_captured());
+  EXPECT_TRUE(torch::allclose(graphed.b->weight, eager.b->weight, 1e-5, 1e-6))
+      << "b's learning rate after the capture did not reach the graph";
+  EXPECT_TRUE(torch::allclose(graphed.a->weight, eager.a->weight, 1e-5, 1e-6));
+}
+
 #endif // LAMP_WITH_CUDA
 
 } // namespace

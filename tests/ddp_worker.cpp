@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -24,7 +25,8 @@ namespace {
 
 struct Args {
   std::string out;
-  std::string scenario = "train"; // train | collectives | mismatch | exit
+  // train | collectives | mismatch | exit | never | graph-exit
+  std::string scenario = "train";
   int64_t steps = 12;
   int64_t batch = 32; // per rank
   double bucket_cap_mb = 25;
@@ -235,6 +237,23 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// "seconds", "error_type" and "error" lines for an error `took` after the
+// fault.
+void write_error(
+    std::ofstream& out,
+    const c10::Error& e,
+    std::chrono::steady_clock::time_point since) {
+  const std::chrono::duration<double> took =
+      std::chrono::steady_clock::now() - since;
+  out << "seconds " << took.count() << "\n";
+  out << "error_type "
+      << (dynamic_cast<const c10::DistBackendError*>(&e) ? "DistBackendError"
+              : dynamic_cast<const c10::DistStoreError*>(&e) ? "DistStoreError"
+                                                             : "Error")
+      << "\n";
+  out << "error " << one_line(e.what_without_backtrace()) << "\n";
+}
+
 lamp::dist::ProcessGroupOptions pg_options(const Args& a) {
   return lamp::dist::ProcessGroupOptions().timeout(
       std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
@@ -416,11 +435,88 @@ int run_exit(const Args& a) {
       optimizer.step();
       torch::cuda::synchronize();
     } catch (const c10::Error& e) {
-      const std::chrono::duration<double> took =
-          std::chrono::steady_clock::now() - left;
       out << "failed_at_step " << s << "\n";
-      out << "seconds " << took.count() << "\n";
-      out << "error " << one_line(e.what_without_backtrace()) << "\n";
+      write_error(out, e, left);
+      out << "done\n";
+      return 0;
+    }
+  }
+  out << "no_error\n";
+  return 1;
+}
+
+// Rank 1 never calls the first collective (it waits on the store until rank
+// 0 is done): rank 0's allreduce, blocked on the host connecting to rank 1
+// or on the device waiting for it, must fail within the timeout.
+int run_never(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  auto& store = *pg->store();
+  if (rank == 1) {
+    store.wait({"test/rank0_finished"}, std::chrono::seconds(120));
+    out << "waited\n";
+    out << "done\n";
+    return 0; // the destructor's shutdown is bounded by the timeout too
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto t = torch::ones({1 << 20}, pg->device());
+    pg->allreduce(t, lamp::dist::ReduceOp::kSum);
+    torch::cuda::synchronize();
+    pg->check();
+    out << "no_error\n";
+  } catch (const c10::Error& e) {
+    write_error(out, e, start);
+  }
+  store.set("test/rank0_finished", std::vector<uint8_t>{'1'});
+  out << "done\n";
+  return 0;
+}
+
+// Both ranks train through lamp::GraphedStep (DDP's allreduce inside the
+// graph); rank 1 exits after the capture. Rank 0's replays must not wait
+// forever: the watchdog watches them and the next step throws.
+int run_graph_exit(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  torch::manual_seed(42);
+  Net net(64, false, false);
+  net->to(pg->device());
+  lamp::DistributedDataParallel ddp(net.ptr(), pg);
+  lamp::optim::FusedSGD optimizer(
+      net->parameters(), torch::optim::SGDOptions(0.01));
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  auto x = torch::randn({a.batch, 32}, pg->device());
+  auto y = torch::randint(
+      0, 10, {a.batch}, torch::dtype(torch::kLong).device(pg->device()));
+  lamp::GraphedStep graphed(
+      [&](const std::vector<torch::Tensor>& in) {
+        optimizer.zero_grad();
+        auto loss =
+            torch::nn::functional::cross_entropy(net->forward(in[0], 0), in[1]);
+        loss.backward();
+        optimizer.step();
+        return loss.detach();
+      },
+      {x, y},
+      {&optimizer});
+  auto left = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < 1000; ++s) {
+    if (s == 6) {
+      if (rank == 1) {
+        out << "exiting\n";
+        out.close();
+        std::_Exit(0);
+      }
+      left = std::chrono::steady_clock::now();
+    }
+    try {
+      (void)graphed({x, y}).item<double>();
+    } catch (const c10::Error& e) {
+      out << "captured " << graphed.is_captured() << "\n";
+      out << "failed_at_step " << s << "\n";
+      write_error(out, e, left);
       out << "done\n";
       return 0;
     }
@@ -445,6 +541,12 @@ int main(int argc, char** argv) {
     }
     if (a.scenario == "exit") {
       return run_exit(a);
+    }
+    if (a.scenario == "never") {
+      return run_never(a);
+    }
+    if (a.scenario == "graph-exit") {
+      return run_graph_exit(a);
     }
     std::cerr << "unknown scenario " << a.scenario << "\n";
     return 2;

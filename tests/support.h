@@ -4,8 +4,11 @@
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -102,6 +106,110 @@ inline void expect_error(
         std::string::npos)
         << e.what_without_backtrace();
   }
+}
+
+/// Expects `f` to throw an `Error` (a c10 error class, e.g.
+/// c10::DistBackendError) whose message contains `message`.
+template <typename Error>
+void expect_error_of(
+    const std::function<void()>& f,
+    const std::string& message) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what_without_backtrace()).find(message),
+        std::string::npos)
+        << e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    ADD_FAILURE() << "an error of another type: " << e.what_without_backtrace();
+  }
+}
+
+/// The launcher variables lamp::dist reads (torchrun, Slurm, Open MPI,
+/// PMI), which `ScopedEnv` clears.
+inline const std::vector<std::string>& launcher_variables() {
+  static const std::vector<std::string> names{
+      "RANK",
+      "WORLD_SIZE",
+      "LOCAL_RANK",
+      "LOCAL_WORLD_SIZE",
+      "MASTER_ADDR",
+      "MASTER_PORT",
+      "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_RESTART_COUNT",
+      "OMPI_COMM_WORLD_RANK",
+      "OMPI_COMM_WORLD_SIZE",
+      "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE",
+      "PMI_RANK",
+      "PMI_SIZE",
+      "MPI_LOCALRANKID",
+      "MPI_LOCALNRANKS",
+      "SLURM_PROCID",
+      "SLURM_NTASKS",
+      "SLURM_NPROCS",
+      "SLURM_LOCALID",
+      "SLURM_STEP_NODELIST",
+      "SLURM_NODELIST",
+      "SLURM_JOB_NODELIST",
+      "SLURM_STEP_NUM_NODES",
+      "SLURM_NNODES",
+      "SLURM_JOB_NUM_NODES",
+      "SLURM_JOB_ID",
+      "SLURM_JOBID"};
+  return names;
+}
+
+/// Clears the launcher variables, sets `values` for the scope of one test
+/// (through setenv) and restores the environment afterwards.
+class ScopedEnv {
+ public:
+  using Values = std::map<std::string, std::string>;
+  explicit ScopedEnv(const Values& values = {}) {
+    for (const auto& name : launcher_variables()) {
+      const char* old = std::getenv(name.c_str());
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      unsetenv(name.c_str());
+    }
+    for (const auto& [name, value] : values) {
+      if (!saved_.count(name)) {
+        const char* old = std::getenv(name.c_str());
+        saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      }
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+/// A TCP port on the loopback interface that nobody listens on right now.
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 /// Fixture of single-GPU tests: skipped (not passed) without CUDA. Name

@@ -45,12 +45,17 @@ class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
   bool uses_device_lr() const {
     return device_lr_;
   }
-  /// Copies changed learning rates into their device tensors (one small
-  /// kernel each, only when changed). `step()` does it, except during CUDA
-  /// graph capture; `lamp::GraphedStep` does it before every replay.
+  /// Creates the device tensor of every param group on every CUDA device
+  /// its parameters are on (once), and copies changed learning rates into
+  /// them (one small kernel each, only when changed). `step()` does the
+  /// copy, except during CUDA graph capture; `lamp::GraphedStep` calls this
+  /// before the capture and before every replay, so that no tensor is
+  /// created (and its value baked in) during a capture.
   void sync_device_lr();
   /// The device tensor holding param group `group`'s learning rate on
   /// `device`, or nullopt when device lr is off or `device` is not CUDA.
+  /// Throws during a CUDA graph capture if the tensor does not exist yet
+  /// (see `sync_device_lr`).
   std::optional<torch::Tensor> device_lr(size_t group, c10::Device device);
 
  private:
