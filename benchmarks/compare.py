@@ -11,10 +11,19 @@ GPU, and prints global images/s and the scaling over GPUs.
 With --cuda-graph each case also runs lamp's example with --cuda-graph (the
 whole step in one CUDA graph, lamp::GraphedStep) and adds its columns.
 
+With --fused-bn it runs ResNet-50 channels-last at batch 256 and 64, fp16 and
+bf16, each case five ways in this one invocation: lamp's example with
+--no-fused-bn (torch::nn::BatchNorm2d + add + relu, as torchvision) and with
+--fused-bn (lamp::nn::BatchNormAct2d, cuDNN's fused kernels), both eager and
+with --cuda-graph, and the Python twin (torchvision, eager); one table of
+median step times and peak memory.
+
 Usage: python3 benchmarks/compare.py [--build-dir build] [--no-build]
            [--steps 100] [--quick] [--cuda-graph] [--markdown]
        python3 benchmarks/compare.py --ddp [--gpus 1,2]
            [--ddp-batch-sizes 256,64] [--steps 100] [--markdown]
+       python3 benchmarks/compare.py --fused-bn [--batch-sizes 256,64]
+           [--precisions fp16,bf16] [--steps 100] [--warmup 10] [--markdown]
 """
 
 import argparse
@@ -61,13 +70,13 @@ def summary_from_jsonl(path):
 
 
 def cpp_case(build, model, precision, batch, channels_last, args,
-             graph=False):
+             graph=False, extra=()):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as metrics:
         if model == "resnet50":
             command = [f"{build}/examples/resnet50_amp", "--device", "cuda",
                        "--precision", precision, "--batch-size", str(batch),
-                       "--steps", str(args.steps), "--warmup", "10",
-                       "--metrics", metrics.name]
+                       "--steps", str(args.steps), "--warmup",
+                       str(args.warmup), "--metrics", metrics.name]
             if channels_last:
                 command.append("--channels-last")
         else:
@@ -76,6 +85,7 @@ def cpp_case(build, model, precision, batch, channels_last, args,
                        "--epochs", "1", "--metrics", metrics.name]
         if graph:
             command.append("--cuda-graph")
+        command += list(extra)
         run(command)
         return summary_from_jsonl(metrics.name)
 
@@ -84,7 +94,7 @@ def python_case(model, precision, batch, channels_last, args):
     if model == "resnet50":
         command = [sys.executable, "benchmarks/resnet50_amp.py",
                    "--precision", precision, "--batch-size", str(batch),
-                   "--steps", str(args.steps), "--warmup", "10"]
+                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
         if channels_last:
             command.append("--channels-last")
     else:
@@ -139,6 +149,51 @@ def ddp_rows(args):
     return header, lines
 
 
+def fused_bn_rows(args):
+    """lamp unfused / fused BatchNorm, eager / graphed, and Python eager."""
+    header = ("case", "unfused ms", "fused ms", "fused speed-up",
+              "unfused graph ms", "fused graph ms", "graph speed-up",
+              "Python ms", "Python/fused graph", "unfused GiB", "fused GiB",
+              "fused graph GiB", "Python GiB")
+
+    def attempt(f):
+        # NOTE: a failing case leaves its cells empty, not the table.
+        try:
+            return f()
+        except subprocess.CalledProcessError as e:
+            print(f"note: {' '.join(e.cmd)} failed ({e.returncode})",
+                  file=sys.stderr)
+            return None
+
+    ms = lambda r: f"{step_ms(r):.2f}" if r else "failed"
+    ratio = lambda a, b: f"{step_ms(a) / step_ms(b):.3f}x" if a and b else ""
+    gib = lambda r: (f"{r.get('peak_memory_bytes', 0) / 2**30:.2f}" if r
+                     else "")
+    lines = []
+    for batch in args.batch_sizes:
+        for precision in args.precisions:
+            def case(graph, flag):
+                return attempt(lambda: cpp_case(
+                    args.build_dir, "resnet50", precision, batch, True, args,
+                    graph=graph, extra=[flag]))
+            plain = case(False, "--no-fused-bn")
+            fused = case(False, "--fused-bn")
+            plain_graph = case(True, "--no-fused-bn")
+            fused_graph = case(True, "--fused-bn")
+            py = attempt(lambda: python_case("resnet50", precision, batch,
+                                             True, args))
+            lines.append((
+                f"resnet50 bs{batch} NHWC {precision}", ms(plain), ms(fused),
+                ratio(plain, fused), ms(plain_graph), ms(fused_graph),
+                ratio(plain_graph, fused_graph), ms(py),
+                ratio(py, fused_graph), gib(plain), gib(fused),
+                gib(fused_graph), gib(py)))
+            # NOTE: printed as it goes, so a run cut short still says
+            # something.
+            print("  ".join(lines[-1]), file=sys.stderr, flush=True)
+    return header, lines
+
+
 def print_table(header, lines, markdown):
     if markdown:
         print("| " + " | ".join(header) + " |")
@@ -157,6 +212,8 @@ def main():
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10,
+                   help="untimed steps before the timed ones")
     p.add_argument("--quick", action="store_true", help="bs64 cases only")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--cuda-graph", action="store_true",
@@ -168,6 +225,14 @@ def main():
                    help="with --ddp: GPU counts (default 1,2)")
     p.add_argument("--ddp-batch-sizes", type=ints, default=[256, 64],
                    help="with --ddp: batch sizes per GPU (default 256,64)")
+    p.add_argument("--fused-bn", action="store_true",
+                   help="ResNet-50 NHWC: lamp with and without its fused "
+                        "BatchNorm+ReLU, eager and graphed, vs Python")
+    p.add_argument("--batch-sizes", type=ints, default=[256, 64],
+                   help="with --fused-bn: batch sizes (default 256,64)")
+    p.add_argument("--precisions", type=lambda s: s.split(","),
+                   default=["fp16", "bf16"],
+                   help="with --fused-bn: precisions (default fp16,bf16)")
     args = p.parse_args()
     if not args.no_build:
         if not os.path.exists(os.path.join(args.build_dir, "CMakeCache.txt")):
@@ -177,6 +242,9 @@ def main():
              "mlp_amp"])
     if args.ddp:
         print_table(*ddp_rows(args), args.markdown)
+        return
+    if args.fused_bn:
+        print_table(*fused_bn_rows(args), args.markdown)
         return
     cases = [c for c in CASES if not (args.quick and c[2] > 64)]
     rows = []

@@ -1,7 +1,7 @@
-# Decides LAMP_WITH_CUDA and LAMP_WITH_NCCL after LibTorch has been found.
-# Both default to ON when LibTorch is a CUDA build and the CUDA toolkit (and
-# NCCL) are found, so CPU-only machines with the toolkit still compile the GPU
-# paths. Explicit ON that cannot be honoured is an error.
+# Decides LAMP_WITH_CUDA, LAMP_WITH_NCCL and LAMP_WITH_CUDNN after LibTorch has
+# been found. All default to ON when LibTorch is a CUDA build and the CUDA
+# toolkit (and NCCL, cuDNN) are found, so CPU-only machines with the toolkit
+# still compile the GPU paths. Explicit ON that cannot be honoured is an error.
 
 set(_lamp_cuda_ok OFF)
 set(_lamp_cuda_why "")
@@ -58,6 +58,20 @@ if(LAMP_WITH_NCCL AND NOT _lamp_nccl_ok)
     "LAMP_WITH_CUDA). Set NCCL_ROOT, or configure with -DLAMP_WITH_NCCL=OFF.")
 endif()
 
+set(_lamp_cudnn_ok OFF)
+if(LAMP_WITH_CUDA)
+  find_package(CUDNN)
+  set(_lamp_cudnn_ok ${CUDNN_FOUND})
+endif()
+option(LAMP_WITH_CUDNN
+       "Build lamp's cuDNN code (fused BatchNorm; default: on when found)"
+       ${_lamp_cudnn_ok})
+if(LAMP_WITH_CUDNN AND NOT _lamp_cudnn_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_CUDNN=ON but cuDNN was not found (it also needs "
+    "LAMP_WITH_CUDA). Set CUDNN_ROOT, or configure with -DLAMP_WITH_CUDNN=OFF.")
+endif()
+
 if(LAMP_WITH_CUDA)
   message(STATUS "lamp: CUDA ${CUDAToolkit_VERSION} (LibTorch built with "
                  "CUDA ${LAMP_TORCH_CUDA_VERSION})")
@@ -68,4 +82,9 @@ if(LAMP_WITH_NCCL)
   message(STATUS "lamp: NCCL ${NCCL_VERSION} (${NCCL_LIBRARY})")
 else()
   message(STATUS "lamp: without NCCL")
+endif()
+if(LAMP_WITH_CUDNN)
+  message(STATUS "lamp: cuDNN ${CUDNN_VERSION} (${CUDNN_LIBRARY})")
+else()
+  message(STATUS "lamp: without cuDNN (fused BatchNorm falls back to ATen ops)")
 endif()

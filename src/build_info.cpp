@@ -10,6 +10,9 @@
 #if LAMP_WITH_NCCL
 #include <nccl.h>
 #endif
+#if LAMP_WITH_CUDNN
+#include <cudnn.h>
+#endif
 
 namespace lamp {
 
@@ -31,6 +34,12 @@ std::string build_info() {
     out << ", NCCL " << nccl / 10000 << "." << nccl % 10000 / 100 << "."
         << nccl % 100;
   }
+#endif
+#if LAMP_WITH_CUDNN
+  // cudnnGetVersion() is MAJOR * 10000 + MINOR * 100 + PATCH since 9.0.
+  const size_t cudnn = cudnnGetVersion();
+  out << ", cuDNN " << cudnn / 10000 << "." << cudnn % 10000 / 100 << "."
+      << cudnn % 100;
 #endif
   return out.str();
 }

@@ -33,6 +33,22 @@ void check_fused_param(const torch::Tensor& param, const char* name) {
       ".");
 }
 
+// NOTE: state made inside a CUDA graph capture is made by captured kernels
+// (zeros), which every replay would run again: the moments would restart
+// from zero at every step. Refuse instead of training wrong.
+void check_not_capturing(const torch::Tensor& param, const char* name) {
+  TORCH_CHECK(
+      !param.is_cuda() || !detail::capturing(),
+      name,
+      ": a parameter of shape ",
+      param.sizes(),
+      " got its first gradient inside a CUDA graph capture, so its "
+      "optimizer state would be created by the graph and reset at every "
+      "replay. Give every parameter a gradient during the warm-up steps "
+      "(GraphedStepOptions::warmup_steps), or leave it out of the "
+      "optimizer.");
+}
+
 void check_grad(const torch::Tensor& grad, const char* name) {
   TORCH_CHECK(
       !grad.is_sparse(),
@@ -91,6 +107,7 @@ void fused_adam_step(
       auto& slot = self.state()[param.unsafeGetTensorImpl()];
       if (!slot) {
         check_fused_param(param, name);
+        check_not_capturing(param, name);
         auto state = std::make_unique<FusedAdamParamState>();
         state->step(at::zeros({}, param.options().dtype(at::kFloat)));
         state->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
@@ -389,6 +406,7 @@ void FusedSGD::step_scaled(
         if (state.momentum_buffer().defined()) {
           is_first_step = false;
         } else {
+          check_not_capturing(param, name);
           state.momentum_buffer(at::zeros_like(grad));
         }
         bucket.a.push_back(state.momentum_buffer());

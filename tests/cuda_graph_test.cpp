@@ -236,6 +236,34 @@ TEST_F(GraphedStepGpu, HostSyncInTheStepIsAClearError) {
   EXPECT_EQ(torch::randn({4}, torch::kCUDA).numel(), 4);
 }
 
+// A parameter whose first gradient comes inside the capture would have its
+// Adam moments created, and so reset, by every replay: refused.
+TEST_F(GraphedStepGpu, OptimizerStateMadeDuringTheCaptureIsRefused) {
+  auto used = torch::randn({4, 4}, torch::kCUDA).requires_grad_();
+  auto late = torch::randn({4}, torch::kCUDA).requires_grad_();
+  lamp::optim::FusedAdam optimizer({used, late});
+  int64_t calls = 0;
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) {
+        optimizer.zero_grad();
+        auto loss = in[0].matmul(used).sum();
+        if (++calls > 1) { // from the capture on
+          loss = loss + late.sum();
+        }
+        loss.backward();
+        optimizer.step();
+        return loss;
+      },
+      {torch::randn({2, 4}, torch::kCUDA)},
+      {&optimizer},
+      lamp::GraphedStepOptions().warmup_steps(1));
+  const auto x = torch::randn({2, 4}, torch::kCUDA);
+  step({x});
+  expect_error(
+      [&] { step({x}); }, "got its first gradient inside a CUDA graph capture");
+  EXPECT_FALSE(step.is_captured());
+}
+
 TEST_F(GraphedStepGpu, ShapeChangesAreAClearError) {
   Trainer t(false);
   const auto data = batches(false, 4);

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../src/ddp/bucketing.h"
+#include "ddp/bucketing.h"
 #include "support.h"
 
 // Set by tests/CMakeLists.txt when lamp has NCCL.

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "../src/dist/hostlist.h"
+#include "dist/hostlist.h"
 #include "support.h"
 
 // Set by tests/CMakeLists.txt.

@@ -8,7 +8,8 @@
 //
 // clang-format off
 //   resnet50_amp                                   # all precisions, batch 64, 224x224 on CUDA
-//   resnet50_amp --precision fp16 --batch-size 256 --channels-last
+//   resnet50_amp --precision fp16 --batch-size 256 --channels-last   # fused BatchNorm+ReLU
+//   resnet50_amp --precision fp16 --batch-size 256 --channels-last --no-fused-bn
 //   resnet50_amp --device cpu                      # a small bf16 run on the CPU
 //   resnet50_amp --precision fp16 --lr-schedule cosine --warmup-steps 10 --clip-grad-norm 1
 //   resnet50_amp --precision fp16 --checkpoint-dir ckpt --checkpoint-every 50 [--resume]
@@ -44,6 +45,8 @@ struct Options {
   int64_t image_size = 0; // 0: 224 on CUDA, 64 on the CPU
   int64_t log_every = 10;
   bool channels_last = false;
+  bool fused_bn = false;
+  bool no_fused_bn = false;
   bool ddp = false;
   bool cuda_graph = false;
   double bucket_cap_mb = 25;
@@ -58,12 +61,25 @@ struct Options {
 
 struct Result {
   examples::Precision precision;
+  bool fused_bn = false;
   double median_ms = 0;
   double images_per_s = 0;
   int64_t peak_bytes = 0;
   double final_loss = 0;
   double final_scale = 1;
 };
+
+// --fused-bn / --no-fused-bn, else on where the fused kernels run: CUDA,
+// channels-last, fp16 or bf16.
+bool use_fused_bn(
+    const Options& opt,
+    const torch::Device& device,
+    const examples::Precision& precision) {
+  if (opt.fused_bn || opt.no_fused_bn) {
+    return opt.fused_bn;
+  }
+  return device.is_cuda() && opt.channels_last && precision.amp;
+}
 
 void to_channels_last(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
@@ -84,7 +100,8 @@ Result train(
   const int64_t world_size = examples::world_size(pg);
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
-  resnet::ResNet50 model;
+  const bool fused_bn = use_fused_bn(opt, device, precision);
+  resnet::ResNet50 model(1000, fused_bn);
   model->to(device);
   if (opt.channels_last) {
     to_channels_last(*model);
@@ -157,7 +174,7 @@ Result train(
         std::vector<torch::optim::Optimizer*>{&optimizer});
   }
 
-  Result result{precision};
+  Result result{precision, fused_bn};
   std::vector<double> step_ms;
   torch::Tensor loss;
   std::optional<examples::Trace> trace;
@@ -167,9 +184,9 @@ Result train(
   int64_t done = 0; // steps run by this process
   while (step < total_steps) {
     examples::synchronize(device);
+    // NOTE: `step` steps are done; trace the last `traced_steps`.
     if (!opt.trace.empty() &&
-        step + 1 ==
-            opt.warmup + std::max<int64_t>(1, opt.steps - traced_steps)) {
+        step == opt.warmup + std::max<int64_t>(0, opt.steps - traced_steps)) {
       trace.emplace(
           opt.trace + "." + precision.name +
           (pg ? ".rank" + std::to_string(pg->rank()) : std::string()) +
@@ -235,6 +252,7 @@ Result train(
        {"batch_size", opt.batch_size},
        {"image_size", opt.image_size},
        {"channels_last", opt.channels_last},
+       {"fused_bn", fused_bn},
        {"steps", opt.steps},
        {"median_step_ms", result.median_ms},
        {"images_per_s", result.images_per_s},
@@ -268,6 +286,18 @@ int main(int argc, char** argv) {
   app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
       ->check(CLI::Range(32, 1024));
   app.add_flag("--channels-last", opt.channels_last, "NHWC memory format");
+  auto* fused = app.add_flag(
+      "--fused-bn",
+      opt.fused_bn,
+      "BatchNorm (+ residual add) + ReLU as lamp::nn::BatchNormAct2d: "
+      "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
+      "same unfused ops elsewhere (default: on for CUDA channels-last "
+      "fp16/bf16)");
+  app.add_flag(
+         "--no-fused-bn",
+         opt.no_fused_bn,
+         "torch::nn::BatchNorm2d, add and torch::relu (torchvision's model)")
+      ->excludes(fused);
   app.add_flag(
       "--ddp",
       opt.ddp,
@@ -403,8 +433,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(pg->world_size()));
   }
   std::printf(
-      "\n%-9s %10s %10s %10s %10s %10s %9s %9s\n",
+      "\n%-9s %6s %10s %10s %10s %10s %10s %9s %9s\n",
       "precision",
+      "bn",
       "step ms",
       "images/s",
       "peak GiB",
@@ -414,8 +445,9 @@ int main(int argc, char** argv) {
       "memory");
   for (const auto& r : results) {
     std::printf(
-        "%-9s %10.2f %10.1f %10s %10.4f %10g",
+        "%-9s %6s %10.2f %10.1f %10s %10.4f %10g",
         r.precision.name.c_str(),
+        r.fused_bn ? "fused" : "plain",
         r.median_ms,
         r.images_per_s,
         gib(r.peak_bytes).c_str(),

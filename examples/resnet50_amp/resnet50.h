@@ -5,7 +5,14 @@
 // parameters). Parameters and buffers have torchvision's names
 // ("layer1.0.downsample.1.running_mean", ...), so a state dict written by
 // Python loads into it.
+//
+// With `fused_bn` every BatchNorm that a ReLU follows (the stem's, and bn1,
+// bn2, bn3 of each bottleneck, bn3 with the residual add) is one
+// lamp::nn::BatchNormAct2d: cuDNN's fused kernels for channels-last fp16/bf16
+// training on CUDA, the same unfused ops elsewhere. Names, parameters and
+// results do not change.
 
+#include <lamp/nn/batch_norm_act.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -24,18 +31,51 @@ inline torch::nn::Conv2d conv(
                                .bias(false));
 }
 
+// A BatchNorm, an optional residual add and a ReLU, registered in `owner`
+// under `name`: lamp's fused BatchNormAct2d, or torch::nn::BatchNorm2d,
+// `out += residual` and torch::relu as in torchvision.
+class BatchNormRelu {
+ public:
+  BatchNormRelu(
+      torch::nn::Module& owner,
+      const std::string& name,
+      int64_t features,
+      bool fused) {
+    if (fused) {
+      fused_ = owner.register_module(name, lamp::nn::BatchNormAct2d(features));
+    } else {
+      plain_ = owner.register_module(name, torch::nn::BatchNorm2d(features));
+    }
+  }
+
+  torch::Tensor operator()(
+      const torch::Tensor& x,
+      const torch::Tensor& residual = {}) {
+    if (fused_) {
+      return fused_(x, residual);
+    }
+    auto out = plain_(x);
+    if (residual.defined()) {
+      out += residual;
+    }
+    return torch::relu(out);
+  }
+
+ private:
+  torch::nn::BatchNorm2d plain_{nullptr};
+  lamp::nn::BatchNormAct2d fused_{nullptr};
+};
+
 struct BottleneckImpl : torch::nn::Module {
   static constexpr int64_t kExpansion = 4;
 
-  BottleneckImpl(int64_t in, int64_t width, int64_t stride)
+  BottleneckImpl(int64_t in, int64_t width, int64_t stride, bool fused_bn)
       : conv1(register_module("conv1", conv(in, width, 1))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(width))),
         conv2(register_module("conv2", conv(width, width, 3, stride))),
-        bn2(register_module("bn2", torch::nn::BatchNorm2d(width))),
         conv3(register_module("conv3", conv(width, width * kExpansion, 1))),
-        bn3(register_module(
-            "bn3",
-            torch::nn::BatchNorm2d(width * kExpansion))) {
+        bn1(*this, "bn1", width, fused_bn),
+        bn2(*this, "bn2", width, fused_bn),
+        bn3(*this, "bn3", width * kExpansion, fused_bn) {
     if (stride != 1 || in != width * kExpansion) {
       downsample = register_module(
           "downsample",
@@ -46,31 +86,29 @@ struct BottleneckImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    auto out = torch::relu(bn1(conv1(x)));
-    out = torch::relu(bn2(conv2(out)));
-    out = bn3(conv3(out));
-    out += downsample ? downsample->forward(x) : x;
-    return torch::relu(out);
+    auto out = bn1(conv1(x)); // relu(bn1(conv1(x)))
+    out = bn2(conv2(out));
+    return bn3(conv3(out), downsample ? downsample->forward(x) : x);
   }
 
+  // NOTE: declared (so registered) in the order torchvision's state dict
+  // and earlier lamp checkpoints list them: convolutions, then norms.
   torch::nn::Conv2d conv1, conv2, conv3;
-  torch::nn::BatchNorm2d bn1, bn2, bn3;
+  BatchNormRelu bn1, bn2, bn3;
   torch::nn::Sequential downsample{nullptr};
 };
 TORCH_MODULE(Bottleneck);
 
 struct ResNet50Impl : torch::nn::Module {
- private:
-  int64_t in_ = 64; // channels entering the next layer (used while building)
-
- public:
-  explicit ResNet50Impl(int64_t num_classes = 1000)
-      : conv1(register_module(
+  /// `fused_bn`: lamp::nn::BatchNormAct2d for each BatchNorm + ReLU.
+  explicit ResNet50Impl(int64_t num_classes = 1000, bool fused_bn = false)
+      : fused_bn_(fused_bn),
+        conv1(register_module(
             "conv1",
             torch::nn::Conv2d(
                 torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(
                     false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(64))),
+        bn1(*this, "bn1", 64, fused_bn),
         layer1(register_module("layer1", make_layer(64, 3, 1))),
         layer2(register_module("layer2", make_layer(128, 4, 2))),
         layer3(register_module("layer3", make_layer(256, 6, 2))),
@@ -86,20 +124,33 @@ struct ResNet50Impl : torch::nn::Module {
       } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
         torch::nn::init::ones_(bn->weight);
         torch::nn::init::zeros_(bn->bias);
+      } else if (auto* bn = module->as<lamp::nn::BatchNormAct2d>()) {
+        torch::nn::init::ones_(bn->weight);
+        torch::nn::init::zeros_(bn->bias);
       }
     }
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn1(conv1(x)));
+    x = bn1(conv1(x)); // relu(bn1(conv1(x)))
     x = torch::max_pool2d(x, 3, 2, 1);
     x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc(x);
   }
 
+  /// Whether the BatchNorm + ReLU pairs are lamp::nn::BatchNormAct2d.
+  bool fused_bn() const {
+    return fused_bn_;
+  }
+
+ private:
+  bool fused_bn_;
+  int64_t in_ = 64; // channels entering the next layer (used while building)
+
+ public:
   torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
+  BatchNormRelu bn1;
   torch::nn::Sequential layer1, layer2, layer3, layer4;
   torch::nn::Linear fc;
 
@@ -110,7 +161,7 @@ struct ResNet50Impl : torch::nn::Module {
       int64_t stride) {
     torch::nn::Sequential layer;
     for (int64_t i = 0; i < blocks; ++i) {
-      layer->push_back(Bottleneck(in_, width, i == 0 ? stride : 1));
+      layer->push_back(Bottleneck(in_, width, i == 0 ? stride : 1, fused_bn_));
       in_ = width * BottleneckImpl::kExpansion;
     }
     return layer;

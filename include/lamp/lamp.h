@@ -12,5 +12,6 @@
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
+#include <lamp/nn/batch_norm_act.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>
