@@ -33,9 +33,11 @@ void check_fused_param(const torch::Tensor& param, const char* name) {
       ".");
 }
 
-// NOTE: state made inside a CUDA graph capture is made by captured kernels
-// (zeros), which every replay would run again: the moments would restart
-// from zero at every step. Refuse instead of training wrong.
+// NOTE: a parameter first seen inside a CUDA graph capture gets its state
+// from captured kernels (zeros), which every replay would run again: its
+// moments would restart from zero at every step. Refuse instead of training
+// wrong (also for stateless SGD, whose first step in a capture was seen to
+// go wrong too: every parameter must have stepped before the capture).
 void check_not_capturing(const torch::Tensor& param, const char* name) {
   TORCH_CHECK(
       !param.is_cuda() || !detail::capturing(),
@@ -396,6 +398,7 @@ void FusedSGD::step_scaled(
       auto& slot = state()[param.unsafeGetTensorImpl()];
       if (!slot) {
         check_fused_param(param, name);
+        check_not_capturing(param, name);
         slot = std::make_unique<torch::optim::SGDParamState>();
       }
       auto& state = static_cast<torch::optim::SGDParamState&>(*slot);
@@ -406,7 +409,6 @@ void FusedSGD::step_scaled(
         if (state.momentum_buffer().defined()) {
           is_first_step = false;
         } else {
-          check_not_capturing(param, name);
           state.momentum_buffer(at::zeros_like(grad));
         }
         bucket.a.push_back(state.momentum_buffer());

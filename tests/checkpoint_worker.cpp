@@ -105,8 +105,9 @@ int train(
   }
   for (; step < stop; ++step) {
     const auto x =
-        which == "mlp" ? torch::randn({16, 32}) : torch::randn({16, 3, 8, 8});
-    const auto y = torch::randint(10, {16});
+        (which == "mlp" ? torch::randn({16, 32}) : torch::randn({16, 3, 8, 8}))
+            .to(device);
+    const auto y = torch::randint(10, {16}).to(device);
     optimizer.zero_grad();
     auto loss = torch::cross_entropy_loss(forward(x), y);
     scaler.scale(loss).backward();

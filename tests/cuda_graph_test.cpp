@@ -418,6 +418,27 @@ TEST_F(GraphedStepGpu, LearningRateOfAGroupWithoutGradientsInTheWarmUp) {
     eager.set_lr_b(i);
     eager.step(data[i], i >= 3);
   }
+  // The graphed run: b's first gradient comes in the captured step, which
+  // is refused (its state would be made by the graph); a warm-up long
+  // enough for b makes the same run capturable, and its lr schedule
+  // reaches the graph.
+  {
+    TwoGroups graphed;
+    bool use_b = false;
+    lamp::GraphedStep step(
+        [&](const std::vector<torch::Tensor>& in) {
+          return graphed.step(in, use_b);
+        },
+        data[0],
+        {graphed.optimizer.get()});
+    for (int64_t i = 0; i < 3; ++i) {
+      step(data[i]);
+    }
+    use_b = true;
+    expect_error(
+        [&] { step(data[3]); },
+        "got its first gradient inside a CUDA graph capture");
+  }
   TwoGroups graphed;
   bool use_b = false;
   lamp::GraphedStep step(
@@ -425,15 +446,16 @@ TEST_F(GraphedStepGpu, LearningRateOfAGroupWithoutGradientsInTheWarmUp) {
         return graphed.step(in, use_b);
       },
       data[0],
-      {graphed.optimizer.get()});
+      {graphed.optimizer.get()},
+      lamp::GraphedStepOptions().warmup_steps(4));
   for (int64_t i = 0; i < 10; ++i) {
     graphed.set_lr_b(i);
-    use_b = i >= 3; // b gets gradients from the captured step on
+    use_b = i >= 3; // b gets gradients from the last warm-up step on
     step(data[i]);
   }
   EXPECT_TRUE(step.is_captured());
   EXPECT_TRUE(torch::allclose(graphed.b->weight, eager.b->weight, 1e-5, 1e-6))
-      << "b's learning rate after the capture did not reach the graph";
+      << "b's learning rate did not reach the graph";
   EXPECT_TRUE(torch::allclose(graphed.a->weight, eager.a->weight, 1e-5, 1e-6));
 }
 
