@@ -31,9 +31,11 @@ using lamp::test::expect_error;
 // NOTE: no std::filesystem: libtorch.so exports a broken copy of it (see
 // src/checkpoint/files.h).
 
-// A fresh, empty folder under the test temp dir.
+// A fresh, empty folder under the test temp dir, one per process (ctest runs
+// tests in parallel).
 std::string fresh_dir(const std::string& name) {
-  const auto dir = testing::TempDir() + "lamp_ckpt_" + name;
+  const auto dir = testing::TempDir() + "lamp_ckpt_" + name + "_" +
+      std::to_string(getpid());
   EXPECT_EQ(
       std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
       0);

@@ -10,6 +10,8 @@
 #include <iterator>
 #include <string>
 
+#include <unistd.h>
+
 #include "resnet50_amp/resnet50.h"
 #include "support.h"
 
@@ -45,7 +47,9 @@ TEST(ResNet50, FusedBatchNormKeepsNamesAndOrder) {
 // outputs in eval and train mode; `fused_bn`: with lamp::nn::BatchNormAct2d
 // (its CPU fallback).
 void expect_matches_torchvision(bool fused_bn) {
-  const std::string path = testing::TempDir() + "resnet50_oracle.pt";
+  // One file per process: ctest runs the two callers in parallel.
+  const std::string path = testing::TempDir() + "resnet50_oracle_" +
+      std::to_string(getpid()) + ".pt";
   if (!lamp::test::python_can_import("torchvision")) {
     GTEST_SKIP() << "the Python oracle has no torchvision (pip install "
                     "torchvision==0.26.0)";
