@@ -1,1 +1,264 @@
-// Placeholder: being written (issue 15).
+// lamp::data::ImageLoader on generated ImageFolders (tests/image_oracle.py):
+// torchvision's eval pipeline, determinism, resume, bad images, shutdown, and
+// a tiny model that learns through it.
+
+#include <lamp/data.h>
+
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "support.h"
+
+namespace {
+
+using lamp::data::ImageFolder;
+using lamp::data::ImageLoader;
+using lamp::data::ImageLoaderOptions;
+
+class ImageLoaderTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
+    if (!lamp::test::python_can_import("torchvision")) {
+      GTEST_SKIP() << "the oracle python has no torchvision";
+    }
+    dir_ = testing::TempDir() + "lamp_loader_" + std::to_string(getpid()) +
+        "_" + testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::system(("rm -rf '" + dir_ + "'").c_str());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) {
+      std::system(("rm -rf '" + dir_ + "'").c_str());
+    }
+  }
+  // classes x per_class images of about size x size under dir_/name.
+  std::string make_folder(const std::string& name, int classes, int per_class,
+                          int size, int seed) {
+    const std::string root = dir_ + "/" + name;
+    lamp::test::run_python_oracle(
+        "image_oracle.py", "folder " + root + " " + std::to_string(classes) +
+            " " + std::to_string(per_class) + " " + std::to_string(size) +
+            " " + std::to_string(seed));
+    return root;
+  }
+  static std::vector<lamp::data::ImageBatch> epoch_of(ImageLoader& loader,
+                                                     int64_t epoch) {
+    loader.set_epoch(epoch);
+    std::vector<lamp::data::ImageBatch> batches;
+    while (auto b = loader.next()) {
+      batches.push_back(std::move(*b));
+    }
+    return batches;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ImageLoaderTest, EvalBatchesEqualTorchvisionsPipeline) {
+  const auto root = make_folder("data", 3, 5, 48, 0);
+  lamp::test::run_python_oracle(
+      "image_oracle.py", "pipeline " + root + " " + dir_ + "/want.pt 40 32");
+  const auto bytes = lamp::data::read_file(dir_ + "/want.pt");
+  const auto want =
+      torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()))
+          .toGenericDict();
+  ImageFolder folder(root);
+  ImageLoader loader(folder, ImageLoaderOptions()
+                                 .batch_size(4)
+                                 .train(false)
+                                 .shuffle(false)
+                                 .image_size(32)
+                                 .resize_size(40)
+                                 .num_threads(3));
+  EXPECT_EQ(loader.batches_per_epoch(), 4);
+  const auto batches = epoch_of(loader, 0);
+  ASSERT_EQ(batches.size(), 4u);
+  std::vector<torch::Tensor> images, targets;
+  for (const auto& b : batches) {
+    EXPECT_EQ(b.images.scalar_type(), torch::kFloat);
+    images.push_back(b.images);
+    targets.push_back(b.targets);
+  }
+  const auto got = torch::cat(images);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{15, 3, 32, 32}));
+  EXPECT_TRUE(torch::equal(torch::cat(targets),
+                           want.at("targets").toTensor()));
+  // Pixels within 1 of Pillow's resize (see transforms_test.cpp), i.e.
+  // 1 / 255 / std after normalisation.
+  const double tol = 1.0 / 255 / 0.224 + 1e-5;
+  EXPECT_LE((got - want.at("images").toTensor()).abs().max().item<double>(),
+            tol);
+}
+
+TEST_F(ImageLoaderTest, BatchesDoNotDependOnThreadsAndResumeExactly) {
+  const auto root = make_folder("data", 4, 6, 40, 1);
+  ImageFolder folder(root);
+  auto options = ImageLoaderOptions()
+                     .batch_size(5)
+                     .image_size(24)
+                     .seed(7)
+                     .dtype(torch::kHalf)
+                     .channels_last(true);
+  ImageLoader one(folder, ImageLoaderOptions(options).num_threads(1));
+  ImageLoader many(folder, ImageLoaderOptions(options).num_threads(4)
+                               .prefetch(1));
+  for (int64_t epoch : {0, 1}) {
+    const auto a = epoch_of(one, epoch);
+    const auto b = epoch_of(many, epoch);
+    ASSERT_EQ(a.size(), 5u); // 24 images, batches of 5, last one short
+    ASSERT_EQ(b.size(), 5u);
+    EXPECT_EQ(a.back().images.size(0), 4);
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_TRUE(a[k].images.is_contiguous(torch::MemoryFormat::ChannelsLast));
+      EXPECT_EQ(a[k].images.scalar_type(), torch::kHalf);
+      EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
+      EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets)) << k;
+      EXPECT_EQ(a[k].epoch, epoch);
+      EXPECT_EQ(a[k].index, static_cast<int64_t>(k));
+    }
+    // Epochs differ (new order, new crops); a resumed loader sees the rest.
+    ImageLoader resumed(folder, options);
+    resumed.seek(epoch, 3);
+    auto third = resumed.next();
+    ASSERT_TRUE(third.has_value());
+    EXPECT_EQ(resumed.batch(), 4);
+    EXPECT_TRUE(torch::equal(third->images, a[3].images));
+    EXPECT_TRUE(torch::equal(third->targets, a[3].targets));
+  }
+  EXPECT_FALSE(torch::equal(epoch_of(one, 0)[0].targets,
+                            epoch_of(one, 1)[0].targets));
+}
+
+TEST_F(ImageLoaderTest, ShardsFollowTheDistributedSampler) {
+  const auto root = make_folder("data", 2, 5, 32, 2);
+  ImageFolder folder(root);
+  std::vector<int64_t> seen;
+  for (int64_t rank : {0, 1, 2}) {
+    ImageLoader loader(folder, ImageLoaderOptions()
+                                   .batch_size(2)
+                                   .image_size(16)
+                                   .rank(rank)
+                                   .world_size(3)
+                                   .seed(3));
+    lamp::data::DistributedSampler sampler(10, rank, 3, true, 3);
+    sampler.set_epoch(2);
+    const auto order = sampler.indices();
+    std::vector<int64_t> targets;
+    for (const auto& b : epoch_of(loader, 2)) {
+      for (int64_t i = 0; i < b.targets.size(0); ++i) {
+        targets.push_back(b.targets[i].item<int64_t>());
+      }
+    }
+    ASSERT_EQ(targets.size(), order.size()); // 4 each: 12, padded
+    for (size_t i = 0; i < order.size(); ++i) {
+      EXPECT_EQ(targets[i], folder[order[i]].target);
+    }
+  }
+}
+
+TEST_F(ImageLoaderTest, BadImagesAreErrorsOrSkipped) {
+  const auto root = make_folder("data", 2, 4, 32, 3);
+  const std::string bad = root + "/class_01/img_0002.jpg";
+  {
+    std::ofstream f(bad, std::ios::binary | std::ios::trunc);
+    f << "\xff\xd8\xff\xe0 not really a jpeg";
+  }
+  ImageFolder folder(root);
+  auto options =
+      ImageLoaderOptions().batch_size(4).image_size(16).shuffle(false);
+  ImageLoader strict(folder, options);
+  strict.next();
+  lamp::test::expect_error([&] { strict.next(); }, bad);
+  // The same error again, not a hang, until seek() moves on.
+  lamp::test::expect_error([&] { strict.next(); }, bad);
+
+  ImageLoader lenient(folder, ImageLoaderOptions(options).skip_bad_images(true));
+  const auto batches = epoch_of(lenient, 0);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].images.size(0), 4);
+  EXPECT_EQ(batches[1].images.size(0), 3);
+  EXPECT_EQ(batches[1].targets.size(0), 3);
+  EXPECT_EQ(lenient.skipped_images(), 1);
+}
+
+TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
+  const auto root = make_folder("data", 2, 20, 32, 4);
+  ImageFolder folder(root);
+  for (int k = 0; k < 3; ++k) {
+    ImageLoader loader(folder, ImageLoaderOptions().batch_size(2).image_size(
+                                   16).num_threads(4).prefetch(3));
+    loader.next(); // destroyed with every thread busy or waiting
+  }
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().batch_size(0)); },
+      "batch_size must be positive");
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().dtype(torch::kInt)); },
+      "dtype must be float, half or bfloat16");
+  lamp::test::expect_error(
+      [&] {
+        ImageLoader(folder, ImageLoaderOptions().image_size(300));
+      },
+      "image_size <= resize_size");
+#if !LAMP_WITH_CUDA
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().gpu_decode(true)); },
+      "gpu_decode needs a CUDA device");
+#endif
+}
+
+TEST_F(ImageLoaderTest, ATinyModelLearnsThroughTheLoader) {
+  const auto train_root = make_folder("train", 4, 40, 40, 5);
+  const auto val_root = make_folder("val", 4, 15, 40, 6);
+  ImageFolder train(train_root), val(val_root);
+  ImageLoader train_loader(train, ImageLoaderOptions()
+                                      .batch_size(16)
+                                      .image_size(24)
+                                      .scale({0.25, 1.0})
+                                      .num_threads(2));
+  ImageLoader val_loader(val, ImageLoaderOptions()
+                                  .batch_size(20)
+                                  .train(false)
+                                  .shuffle(false)
+                                  .image_size(24)
+                                  .resize_size(28)
+                                  .num_threads(2));
+  torch::manual_seed(0);
+  torch::nn::Sequential model(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).stride(2)),
+      torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(4), torch::nn::Flatten(),
+      torch::nn::Linear(8 * 16, 4));
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  for (int64_t epoch = 0; epoch < 6; ++epoch) {
+    train_loader.set_epoch(epoch);
+    while (auto b = train_loader.next()) {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(b->images),
+                                           b->targets)
+          .backward();
+      opt.step();
+    }
+  }
+  torch::NoGradGuard no_grad;
+  model->eval();
+  int64_t correct = 0, total = 0;
+  val_loader.set_epoch(0);
+  while (auto b = val_loader.next()) {
+    correct += model->forward(b->images).argmax(1).eq(b->targets).sum()
+                   .item<int64_t>();
+    total += b->targets.size(0);
+  }
+  EXPECT_EQ(total, 60);
+  EXPECT_GE(static_cast<double>(correct) / total, 0.95);
+}
+
+} // namespace

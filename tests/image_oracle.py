@@ -7,6 +7,13 @@ Usage:
   image_oracle.py crops SEED   print RandomResizedCrop.get_params boxes and
                                RandomHorizontalFlip draws for several image
                                sizes, from torch.manual_seed(SEED)
+  image_oracle.py folder DIR CLASSES PER_CLASS SIZE SEED
+                               an ImageFolder of learnable JPEGs (and one PNG
+                               per class): class k is a colour and a stripe
+                               direction, under noise
+  image_oracle.py pipeline DIR OUT  torchvision's ImageFolder with the eval
+                               transform (Resize, CenterCrop, ToTensor,
+                               Normalize) of every sample, stacked, in OUT
   image_oracle.py resize FILE OUT  torchvision's train and eval transforms of
                                FILE with fixed boxes, as tensors in OUT
 """
@@ -107,12 +114,50 @@ def resize(path, out):
     torch.save(result, out)
 
 
+def folder(out_dir, classes, per_class, size, seed):
+    rng = np.random.default_rng(seed)
+    colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40),
+               (200, 40, 200), (40, 200, 200), (230, 230, 230), (30, 30, 30)]
+    for k in range(classes):
+        d = os.path.join(out_dir, f"class_{k:02d}")
+        os.makedirs(d, exist_ok=True)
+        for n in range(per_class):
+            h = int(rng.integers(size * 3 // 4, size * 5 // 4))
+            w = int(rng.integers(size * 3 // 4, size * 5 // 4))
+            y, x = np.mgrid[0:h, 0:w]
+            stripes = ((x if k % 2 else y) // 4) % 2
+            img = np.array(colours[k % len(colours)], dtype=np.int32) * (
+                0.6 + 0.4 * stripes[..., None])
+            img = img + rng.integers(-40, 41, size=(h, w, 3))
+            img = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+            if n == 0:
+                img.save(os.path.join(d, f"img_{n:04d}.png"))
+            else:
+                img.save(os.path.join(d, f"img_{n:04d}.jpg"), quality=90)
+
+
+def pipeline(root, out, resize, crop):
+    from torchvision import datasets
+    t = transforms.Compose([
+        transforms.Resize(resize), transforms.CenterCrop(crop),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = datasets.ImageFolder(root, transform=t)
+    images = torch.stack([ds[i][0] for i in range(len(ds))])
+    targets = torch.tensor(ds.targets)
+    torch.save({"images": images, "targets": targets}, out)
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "images":
         images(sys.argv[2])
     elif command == "crops":
         crops(int(sys.argv[2]))
+    elif command == "folder":
+        folder(sys.argv[2], *(int(a) for a in sys.argv[3:7]))
+    elif command == "pipeline":
+        pipeline(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif command == "resize":
         resize(sys.argv[2], sys.argv[3])
     else:

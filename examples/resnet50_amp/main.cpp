@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "progress.h"
+#include "resnet50_amp/image_data.h"
 #include "resnet50_amp/resnet50.h"
 #include "training.h"
 
@@ -57,6 +58,7 @@ struct Options {
   int64_t seed = 0;
   std::string metrics;
   examples::RunOptions run;
+  examples::DataOptions data;
 };
 
 struct Result {
@@ -101,7 +103,25 @@ Result train(
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   const bool fused_bn = use_fused_bn(opt, device, precision);
-  resnet::ResNet50 model(1000, fused_bn);
+  // --data: real images, fed in the autocast dtype (the first convolution
+  // would cast them to it anyway).
+  std::optional<examples::ImageData> data;
+  if (!opt.data.dir.empty()) {
+    data.emplace(
+        opt.data, opt.batch_size, opt.image_size, device,
+        precision.amp ? precision.dtype : torch::kFloat, opt.channels_last,
+        opt.seed, pg);
+    if (print) {
+      std::printf(
+          "resnet50_amp: %lld training and %lld validation images, %lld "
+          "classes, %lld steps per epoch\n",
+          static_cast<long long>(data->train_images()),
+          static_cast<long long>(data->val_images()),
+          static_cast<long long>(data->num_classes()),
+          static_cast<long long>(data->steps_per_epoch()));
+    }
+  }
+  resnet::ResNet50 model(data ? data->num_classes() : 1000, fused_bn);
   model->to(device);
   if (opt.channels_last) {
     to_channels_last(*model);
@@ -129,14 +149,20 @@ Result train(
   auto images = torch::randn(
       {opt.batch_size, 3, opt.image_size, opt.image_size},
       torch::TensorOptions(device));
+  if (data && precision.amp) {
+    images = images.to(precision.dtype); // the loader's dtype
+  }
   if (opt.channels_last) {
     images = images.contiguous(torch::MemoryFormat::ChannelsLast);
   }
   auto labels = torch::randint(
       1000, {opt.batch_size}, torch::TensorOptions(device).dtype(torch::kLong));
 
-  // --warmup and --steps together are the run; a resumed run continues it.
-  const int64_t total_steps = opt.warmup + opt.steps;
+  // --warmup and --steps together are the run (--data: --epochs); a
+  // resumed run continues it.
+  const int64_t total_steps =
+      data ? opt.data.epochs * data->steps_per_epoch() : opt.warmup + opt.steps;
+  const int64_t warmup = std::min(opt.warmup, total_steps - 1);
   const auto schedule =
       examples::make_schedule(optimizer, opt.run, total_steps, opt.cuda_graph);
   int64_t step = 0;
@@ -148,8 +174,17 @@ Result train(
   if (schedule) {
     state.add("scheduler", *schedule);
   }
+  // --data: the loader's position (epoch, next batch) travels with the run.
+  int64_t data_epoch = 0;
+  int64_t data_batch = 0;
+  if (data) {
+    state.add("data_epoch", data_epoch).add("data_batch", data_batch);
+  }
   examples::RunCheckpoints checkpoints(opt.run, pg, "resnet50_amp");
   step = checkpoints.resume(state, print);
+  if (data) {
+    data->start_at(data_epoch * data->steps_per_epoch() + data_batch);
+  }
 
   auto train_step = [&](const std::vector<torch::Tensor>& in) {
     optimizer.zero_grad();
@@ -186,7 +221,7 @@ Result train(
     examples::synchronize(device);
     // NOTE: `step` steps are done; trace the last `traced_steps`.
     if (!opt.trace.empty() &&
-        step == opt.warmup + std::max<int64_t>(0, opt.steps - traced_steps)) {
+        step == std::max<int64_t>(warmup, total_steps - traced_steps)) {
       trace.emplace(
           opt.trace + "." + precision.name +
           (pg ? ".rank" + std::to_string(pg->rank()) : std::string()) +
@@ -194,8 +229,13 @@ Result train(
       trace->start();
     }
     const auto start = std::chrono::steady_clock::now();
-    loss =
-        graphed ? (*graphed)({images, labels}) : train_step({images, labels});
+    std::vector<torch::Tensor> batch{images, labels};
+    if (data) {
+      // Timed: a loader that cannot keep up shows in the step time.
+      auto b = data->next(/*full_only=*/graphed.has_value());
+      batch = {b.images, b.targets};
+    }
+    loss = graphed ? (*graphed)(batch) : train_step(batch);
     examples::synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - start)
@@ -205,7 +245,7 @@ Result train(
     if (schedule) {
       schedule->step();
     }
-    const int64_t timed = step - opt.warmup;
+    const int64_t timed = step - warmup;
     if (timed >= 1) {
       step_ms.push_back(ms);
     }
@@ -223,6 +263,34 @@ Result train(
            {"lr", optimizer.param_groups()[0].options().get_lr()},
            {"step_ms", ms},
            {"images_per_s", world_size * opt.batch_size * 1000.0 / ms}});
+    }
+    if (data && step % data->steps_per_epoch() == 0) {
+      const int64_t epoch = step / data->steps_per_epoch();
+      model->eval();
+      const auto accuracy = data->evaluate([&](const torch::Tensor& x) {
+        lamp::AutocastGuard autocast(
+            device.type(), precision.dtype, precision.amp);
+        return model->forward(x);
+      });
+      model->train();
+      if (print) {
+        std::printf(
+            "resnet50_amp: epoch %lld: validation top-1 %.2f %%, top-5 "
+            "%.2f %% (%lld unreadable images skipped)\n",
+            static_cast<long long>(epoch), accuracy.top1, accuracy.top5,
+            static_cast<long long>(data->skipped()));
+      }
+      metrics.write(
+          {{"kind", std::string("epoch")},
+           {"precision", precision.name},
+           {"epoch", epoch},
+           {"step", step},
+           {"top1", accuracy.top1},
+           {"top5", accuracy.top5}});
+    }
+    if (data) {
+      data_epoch = step / data->steps_per_epoch();
+      data_batch = step % data->steps_per_epoch();
     }
     if (!checkpoints.after_step(state, step, total_steps, done)) {
       progress.finish();
@@ -253,7 +321,7 @@ Result train(
        {"image_size", opt.image_size},
        {"channels_last", opt.channels_last},
        {"fused_bn", fused_bn},
-       {"steps", opt.steps},
+       {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
        {"images_per_s", result.images_per_s},
        {"peak_memory_bytes", result.peak_bytes},
@@ -268,7 +336,7 @@ int main(int argc, char** argv) {
   Options opt;
   CLI::App app{
       "ResNet-50 training with automatic mixed precision (lamp): fp32 vs "
-      "fp16 vs bf16 on synthetic data"};
+      "fp16 vs bf16 on synthetic data, or on an ImageFolder (--data)"};
   app.add_option(
          "--precision",
          opt.precision,
@@ -301,8 +369,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--ddp",
       opt.ddp,
-      "data-parallel over torchrun's processes, one GPU each (a world of "
-      "one without torchrun); --batch-size is per GPU");
+      "data-parallel over the processes torchrun, srun or mpirun started, "
+      "one GPU each; --batch-size is per GPU");
   app.add_option("--lr", opt.lr, "Adam learning rate")->capture_default_str();
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between progress lines")
@@ -316,6 +384,7 @@ int main(int argc, char** argv) {
       "and replay it");
   opt.run.lr_schedule = "constant";
   examples::add_run_flags(app, opt.run);
+  examples::add_data_flags(app, opt.data);
   app.add_option(
          "--bucket-cap-mb", opt.bucket_cap_mb, "--ddp: gradient bucket size")
       ->capture_default_str();

@@ -1,1 +1,411 @@
-// Placeholder: being written (issue 15).
+#include <lamp/data/image_loader.h>
+
+#include <lamp/config.h>
+#include <lamp/data/distributed_sampler.h>
+#include <lamp/data/image_decoder.h>
+#include <lamp/data/image_folder.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "batch_stage.h"
+#include "sample_pipeline.h"
+
+namespace lamp::data {
+
+// Note [ImageLoader threads and streams]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Three kinds of threads share one mutex (`mutex`) and a ring of `prefetch`
+// Slots, each a host batch (pinned when the device is CUDA):
+//
+// * Decode threads (num_threads) take rows of the batches the ring holds,
+//   one at a time, in batch order: read the file, decode, crop, resize and
+//   flip into the slot's row (or, with gpu_decode, keep the file's bytes and
+//   the row's crop for the stage). They touch only their row while working,
+//   so they hold the mutex only to take a row and to report it done.
+// * The stage thread turns a complete slot, in batch order, into a Batch:
+//   on CUDA it copies the slot to the device on the loader's own stream
+//   (`copy_stream`), decodes JPEGs there with nvJPEG if asked, normalises,
+//   records an event and waits for the copy to finish before handing the
+//   slot back to the decode threads for batch + prefetch (the host buffer
+//   must not change under an in-flight copy). It is the only thread that
+//   uses the copy stream and the nvJPEG decoder.
+// * The caller's thread (next()) takes ready Batches in order. On CUDA it
+//   makes its current stream wait for the batch's event (no host sync) and
+//   records the tensors on that stream, so the caching allocator does not
+//   reuse their memory while the caller's kernels may still read it.
+//
+// Decode threads call at::set_num_threads(1): it is per-thread for OpenMP,
+// but LibTorch also keeps the value for threads created later, so the
+// loader restores the caller's value when it joins its threads.
+//
+// `stop` (under the mutex) ends all waits; the destructor and seek() set it
+// and join the threads. An exception in a decode thread (a bad image without
+// skip_bad_images) travels with its slot to the stage and from there to
+// next(), which rethrows it.
+
+namespace {
+
+struct Slot {
+  int64_t batch = -1; // the batch it holds, -1 when free
+  int64_t rows = 0;
+  int64_t next_row = 0; // the next row a decode thread takes
+  int64_t pending = 0; // rows taken or not, not yet done
+  torch::Tensor pixels; // uint8 [B, S, S, 3]
+  torch::Tensor targets; // int64 [B]
+  std::vector<char> good;
+  std::vector<std::string> bad_reason;
+  detail::EncodedRows encoded; // gpu_decode: what the stage decodes
+  std::exception_ptr error;
+};
+
+struct Ready {
+  ImageBatch batch;
+  std::exception_ptr error;
+  bool end = false;
+};
+
+} // namespace
+
+struct ImageLoader::Impl {
+  Impl(const ImageFolder& dataset, ImageLoaderOptions options)
+      : dataset(dataset),
+        options(std::move(options)),
+        sampler(static_cast<int64_t>(dataset.size()), this->options.rank(),
+                this->options.world_size(), this->options.shuffle(),
+                this->options.seed(), this->options.drop_last()) {}
+
+  void start();
+  void stop_and_join();
+  void decode_loop();
+  void stage_loop();
+  void assign(Slot& slot, int64_t batch);
+  void decode_row(Slot& slot, int64_t row, torch::Tensor& scratch);
+
+  const ImageFolder& dataset;
+  const ImageLoaderOptions options;
+  DistributedSampler sampler;
+  detail::Recipe recipe;
+  std::unique_ptr<detail::BatchStage> stage;
+
+  int64_t epoch = 0;
+  int64_t batch = 0; // what next() returns next
+  int64_t num_batches = 0;
+  std::vector<int64_t> order; // this epoch's dataset indices on this rank
+  int64_t skipped = 0;
+  // The caller's intra-op threads, restored when the decode threads end.
+  const int intra_op_threads = at::get_num_threads();
+
+  std::mutex mutex;
+  std::condition_variable rows_ready; // decode threads wait
+  std::condition_variable slot_done; // the stage waits
+  std::condition_variable batch_ready; // next() waits
+  std::vector<Slot> ring;
+  std::deque<Ready> ready;
+  bool stop = false;
+  bool running = false;
+  std::vector<std::thread> threads;
+};
+
+void ImageLoader::Impl::assign(Slot& slot, int64_t b) {
+  // Called with the mutex held.
+  const int64_t bs = options.batch_size();
+  const int64_t first = b * bs;
+  slot.batch = b;
+  slot.rows = std::min<int64_t>(bs, static_cast<int64_t>(order.size()) - first);
+  slot.next_row = 0;
+  slot.pending = slot.rows;
+  slot.error = nullptr;
+  std::fill(slot.good.begin(), slot.good.end(), 1);
+  for (auto& row : slot.encoded) {
+    row.pending = false;
+  }
+  auto* targets = slot.targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < slot.rows; ++r) {
+    targets[r] = dataset[order[first + r]].target;
+  }
+}
+
+void ImageLoader::Impl::decode_row(Slot& slot, int64_t row,
+                                   torch::Tensor& scratch) {
+  const int64_t index = order[slot.batch * options.batch_size() + row];
+  const std::string& path = dataset[index].path;
+  try {
+    const auto bytes = read_file(path);
+    if (stage->decodes_on_gpu(bytes)) {
+      stage->prepare(slot.encoded, row, bytes, path, recipe, epoch, index);
+    } else {
+      detail::transform_into(recipe, epoch, index, bytes, path, scratch,
+                             slot.pixels[row]);
+    }
+  } catch (const c10::Error& e) {
+    if (!options.skip_bad_images()) {
+      throw;
+    }
+    slot.good[row] = 0;
+    slot.bad_reason[row] = e.what_without_backtrace();
+  }
+}
+
+void ImageLoader::Impl::decode_loop() {
+  // One intra-op thread here: num_threads decode threads already fill the
+  // cores, and each resize would otherwise start an OpenMP team of its own.
+  // See Note [ImageLoader threads and streams] for what this changes.
+  at::set_num_threads(1);
+  torch::Tensor scratch; // this thread's decode buffer, reused
+  std::unique_lock<std::mutex> lock(mutex);
+  while (true) {
+    Slot* slot = nullptr;
+    rows_ready.wait(lock, [&] {
+      if (stop) {
+        return true;
+      }
+      // The lowest batch with an untaken row, so batches finish in order.
+      for (auto& s : ring) {
+        if (s.batch >= 0 && s.next_row < s.rows &&
+            (slot == nullptr || s.batch < slot->batch)) {
+          slot = &s;
+        }
+      }
+      return slot != nullptr;
+    });
+    if (stop) {
+      return;
+    }
+    const int64_t row = slot->next_row++;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      decode_row(*slot, row, scratch);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error && !slot->error) {
+      slot->error = error;
+    }
+    if (--slot->pending == 0) {
+      slot_done.notify_all();
+    }
+  }
+}
+
+void ImageLoader::Impl::stage_loop() {
+  for (int64_t b = batch; b < num_batches; ++b) {
+    Slot& slot = ring[b % ring.size()];
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      slot_done.wait(lock, [&] {
+        return stop || (slot.batch == b && slot.pending == 0);
+      });
+      if (stop) {
+        return;
+      }
+    }
+    Ready item;
+    if (slot.error) {
+      item.error = slot.error;
+    } else {
+      try {
+        item.batch = stage->run(slot.pixels, slot.targets, slot.good,
+                                slot.rows, slot.encoded, recipe,
+                                slot.bad_reason);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < slot.rows; ++r) {
+          if (!slot.good[r]) {
+            TORCH_WARN_ONCE("lamp::data::ImageLoader skips images it cannot ",
+                            "decode (skip_bad_images); the first: ",
+                            slot.bad_reason[r]);
+            ++bad;
+          }
+        }
+        item.batch.epoch = epoch;
+        item.batch.index = b;
+        std::lock_guard<std::mutex> lock(mutex);
+        skipped += bad;
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    const bool failed = static_cast<bool>(item.error);
+    ready.push_back(std::move(item));
+    batch_ready.notify_all();
+    if (failed) {
+      return; // next() rethrows; seek() or set_epoch() restarts
+    }
+    // The copy of this slot has finished (BatchStage::run waited for it):
+    // hand it to the decode threads for a later batch.
+    const int64_t later = b + static_cast<int64_t>(ring.size());
+    if (later < num_batches) {
+      assign(slot, later);
+      rows_ready.notify_all();
+    } else {
+      slot.batch = -1;
+    }
+    // Bounded: at most `prefetch` finished batches wait for next().
+    slot_done.wait(lock, [&] {
+      return stop || ready.size() < ring.size();
+    });
+    if (stop) {
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  Ready end;
+  end.end = true;
+  ready.push_back(std::move(end));
+  batch_ready.notify_all();
+}
+
+void ImageLoader::Impl::start() {
+  sampler.set_epoch(epoch);
+  order = sampler.indices();
+  const int64_t bs = options.batch_size();
+  num_batches = options.drop_last()
+      ? static_cast<int64_t>(order.size()) / bs
+      : (static_cast<int64_t>(order.size()) + bs - 1) / bs;
+  stop = false;
+  ready.clear();
+  for (auto& slot : ring) {
+    slot.batch = -1;
+  }
+  for (size_t k = 0; k < ring.size(); ++k) {
+    if (batch + static_cast<int64_t>(k) < num_batches) {
+      assign(ring[(batch + k) % ring.size()], batch + k);
+    }
+  }
+  for (int64_t t = 0; t < options.num_threads(); ++t) {
+    threads.emplace_back([this] { decode_loop(); });
+  }
+  threads.emplace_back([this] { stage_loop(); });
+  running = true;
+}
+
+void ImageLoader::Impl::stop_and_join() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
+  }
+  rows_ready.notify_all();
+  slot_done.notify_all();
+  batch_ready.notify_all();
+  for (auto& t : threads) {
+    t.join();
+  }
+  if (!threads.empty()) {
+    at::set_num_threads(intra_op_threads);
+  }
+  threads.clear();
+  running = false;
+  ready.clear();
+}
+
+ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
+    : impl_(std::make_unique<Impl>(dataset, std::move(options))) {
+  const auto& o = impl_->options;
+  TORCH_CHECK_VALUE(o.batch_size() > 0, "ImageLoader: batch_size must be "
+                    "positive, got ", o.batch_size());
+  TORCH_CHECK_VALUE(o.num_threads() > 0 && o.prefetch() > 0,
+                    "ImageLoader: num_threads and prefetch must be positive, "
+                    "got ", o.num_threads(), " and ", o.prefetch());
+  TORCH_CHECK_VALUE(o.image_size() > 0 && o.resize_size() >= o.image_size(),
+                    "ImageLoader: need 0 < image_size <= resize_size, got ",
+                    o.image_size(), " and ", o.resize_size());
+  TORCH_CHECK_VALUE(o.dtype() == torch::kFloat || o.dtype() == torch::kHalf ||
+                        o.dtype() == torch::kBFloat16,
+                    "ImageLoader: dtype must be float, half or bfloat16, got ",
+                    o.dtype());
+  auto& recipe = impl_->recipe;
+  recipe.train = o.train();
+  recipe.image_size = o.image_size();
+  recipe.resize_size = o.resize_size();
+  recipe.scale = o.scale();
+  recipe.ratio = o.ratio();
+  recipe.seed = o.seed();
+  impl_->stage = std::make_unique<detail::BatchStage>(o);
+  const bool pinned = o.device().is_cuda();
+  impl_->ring.resize(o.prefetch() + 1);
+  for (auto& slot : impl_->ring) {
+    slot.pixels = torch::empty(
+        {o.batch_size(), o.image_size(), o.image_size(), 3},
+        torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
+    slot.targets = torch::empty(
+        {o.batch_size()}, torch::TensorOptions(torch::kLong).pinned_memory(pinned));
+    slot.good.assign(o.batch_size(), 1);
+    slot.bad_reason.assign(o.batch_size(), "");
+    slot.encoded.resize(o.batch_size());
+  }
+}
+
+ImageLoader::~ImageLoader() {
+  impl_->stop_and_join();
+}
+
+std::optional<ImageBatch> ImageLoader::next() {
+  auto& impl = *impl_;
+  if (!impl.running) {
+    impl.start();
+  }
+  Ready item;
+  {
+    std::unique_lock<std::mutex> lock(impl.mutex);
+    impl.batch_ready.wait(lock, [&] { return !impl.ready.empty(); });
+    item = std::move(impl.ready.front());
+    if (item.end) {
+      return std::nullopt; // stays at the end until set_epoch()/seek()
+    }
+    impl.ready.pop_front();
+    impl.slot_done.notify_all(); // room in the ready queue
+  }
+  if (item.error) {
+    impl.stop_and_join();
+    std::rethrow_exception(item.error);
+  }
+  ++impl.batch;
+  impl.stage->hand_over(item.batch);
+  return std::move(item.batch);
+}
+
+void ImageLoader::set_epoch(int64_t epoch) {
+  seek(epoch, 0);
+}
+
+void ImageLoader::seek(int64_t epoch, int64_t batch) {
+  TORCH_CHECK_VALUE(epoch >= 0 && batch >= 0,
+                    "ImageLoader::seek: epoch and batch must be >= 0, got ",
+                    epoch, " and ", batch);
+  impl_->stop_and_join();
+  impl_->epoch = epoch;
+  impl_->batch = batch;
+}
+
+int64_t ImageLoader::epoch() const {
+  return impl_->epoch;
+}
+
+int64_t ImageLoader::batch() const {
+  return impl_->batch;
+}
+
+int64_t ImageLoader::batches_per_epoch() const {
+  const int64_t n = impl_->sampler.num_samples();
+  const int64_t bs = impl_->options.batch_size();
+  return impl_->options.drop_last() ? n / bs : (n + bs - 1) / bs;
+}
+
+int64_t ImageLoader::skipped_images() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->skipped;
+}
+
+const ImageLoaderOptions& ImageLoader::options() const {
+  return impl_->options;
+}
+
+} // namespace lamp::data

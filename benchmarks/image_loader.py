@@ -1,0 +1,91 @@
+"""torchvision's ImageFolder + DataLoader, the Python twin of
+benchmarks/image_loader.cpp: RandomResizedCrop(224) + RandomHorizontalFlip +
+ToTensor + Normalize on PIL images in worker processes, pinned batches copied
+to the GPU and cast to fp16 channels-last there.
+
+  python benchmarks/image_loader.py --data DIR [--workers 16]
+
+Prints one JSON line (images/s, CPU cores busy per 1,000 images/s counting
+the worker processes).
+"""
+
+import argparse
+import json
+import resource
+import time
+
+import torch
+from torchvision import datasets, transforms
+
+
+def cpu_seconds():
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        u = resource.getrusage(who)
+        total += u.ru_utime + u.ru_stime
+    return total
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    a = p.parse_args()
+    t = transforms.Compose([
+        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    ds = datasets.ImageFolder(a.data, transform=t)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
+        pin_memory=True, drop_last=True, persistent_workers=True,
+        prefetch_factor=4)
+    it = iter(loader)
+
+    def next_batch():
+        nonlocal it
+        try:
+            x, _ = next(it)
+        except StopIteration:
+            it = iter(loader)
+            x, _ = next(it)
+        return x.cuda(non_blocking=True).to(
+            torch.half, memory_format=torch.channels_last)
+
+    for _ in range(a.warmup):
+        next_batch()
+    torch.cuda.synchronize()
+    # Children's CPU time is counted when they exit: measure the workers'
+    # through /proc instead.
+    import os
+
+    def tree_cpu():
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        return total
+
+    cpu0 = tree_cpu()
+    start = time.perf_counter()
+    for _ in range(a.batches):
+        x = next_batch()
+    torch.cuda.synchronize()
+    s = time.perf_counter() - start
+    cpu = tree_cpu() - cpu0
+    ips = a.batches * a.batch_size / s
+    print(json.dumps({"impl": "torchvision", "decode": "cpu (PIL)",
+                      "threads": a.workers, "batch_size": a.batch_size,
+                      "images_per_s": round(ips, 1),
+                      "cores_per_1000_images_per_s":
+                          round(cpu / s / (ips / 1000), 2)}))
+
+
+if __name__ == "__main__":
+    main()

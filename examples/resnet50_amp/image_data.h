@@ -1,0 +1,180 @@
+#pragma once
+
+// resnet50_amp --data DIR: DIR/train and DIR/val as ImageFolders, read with
+// lamp::data::ImageLoader (torchvision's ImageNet transforms), sharded over
+// the DDP ranks with the DistributedSampler, with top-1/top-5 validation at
+// the end of every epoch.
+
+#include <lamp/data.h>
+#include <lamp/lamp.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace examples {
+
+struct DataOptions {
+  std::string dir; // empty: synthetic data
+  int64_t epochs = 1;
+  int64_t workers = 8; // decode threads per process
+  bool gpu_decode = false;
+  bool skip_bad_images = false;
+};
+
+inline void add_data_flags(CLI::App& app, DataOptions& o) {
+  app.add_option(
+      "--data",
+      o.dir,
+      "train on real images: DIR/train and DIR/val, one folder per class "
+      "(torchvision's ImageFolder); without it, synthetic data");
+  app.add_option("--epochs", o.epochs, "--data: epochs (replaces --steps)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--workers", o.workers, "--data: decode threads per process")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag(
+      "--gpu-decode",
+      o.gpu_decode,
+      "--data: decode JPEGs on the GPU (nvJPEG)");
+  app.add_flag(
+      "--skip-bad-images",
+      o.skip_bad_images,
+      "--data: skip unreadable images (counted) instead of stopping");
+}
+
+/// Top-1 and top-5 accuracy in percent.
+struct Accuracy {
+  double top1 = 0;
+  double top5 = 0;
+};
+
+class ImageData {
+ public:
+  ImageData(
+      const DataOptions& o,
+      int64_t batch_size,
+      int64_t image_size,
+      const torch::Device& device,
+      torch::Dtype dtype,
+      bool channels_last,
+      int64_t seed,
+      const std::shared_ptr<lamp::dist::ProcessGroup>& pg)
+      : pg_(pg),
+        train_set_(o.dir + "/train"),
+        val_set_(o.dir + "/val") {
+    const int64_t rank = pg ? pg->rank() : 0;
+    const int64_t world = pg ? pg->world_size() : 1;
+    auto base = lamp::data::ImageLoaderOptions()
+                    .batch_size(batch_size)
+                    .image_size(image_size)
+                    .resize_size(image_size * 256 / 224)
+                    .device(device)
+                    .dtype(dtype)
+                    .channels_last(channels_last)
+                    .num_threads(o.workers)
+                    .gpu_decode(o.gpu_decode)
+                    .skip_bad_images(o.skip_bad_images)
+                    .rank(rank)
+                    .world_size(world)
+                    .seed(static_cast<uint64_t>(seed));
+    // NOTE: full batches only in training, so a CUDA graph's static inputs
+    // always fit; validation sees every image.
+    train_.emplace(train_set_, lamp::data::ImageLoaderOptions(base)
+                                   .drop_last(true));
+    val_.emplace(val_set_, lamp::data::ImageLoaderOptions(base)
+                               .train(false)
+                               .shuffle(false));
+    TORCH_CHECK(
+        train_->batches_per_epoch() > 0,
+        "--data: ", train_set_.size(), " training images make no batch of ",
+        batch_size, " per process; lower --batch-size");
+    TORCH_CHECK(
+        val_set_.classes() == train_set_.classes(),
+        "--data: DIR/train and DIR/val must have the same class folders");
+  }
+
+  int64_t num_classes() const {
+    return static_cast<int64_t>(train_set_.classes().size());
+  }
+  int64_t steps_per_epoch() const {
+    return train_->batches_per_epoch();
+  }
+  int64_t train_images() const {
+    return static_cast<int64_t>(train_set_.size());
+  }
+  int64_t val_images() const {
+    return static_cast<int64_t>(val_set_.size());
+  }
+
+  /// Continues after `step` training steps (a resumed run).
+  void start_at(int64_t step) {
+    train_->seek(step / steps_per_epoch(), step % steps_per_epoch());
+  }
+
+  /// The batch of step `step` (0-based). Batches shortened by skipped bad
+  /// images are passed over when `full_only` (a CUDA graph).
+  lamp::data::ImageBatch next(bool full_only) {
+    while (true) {
+      auto batch = train_->next();
+      if (!batch) {
+        train_->set_epoch(train_->epoch() + 1);
+        continue;
+      }
+      if (full_only && batch->images.size(0) != train_->options().batch_size()) {
+        continue;
+      }
+      return std::move(*batch);
+    }
+  }
+
+  /// Images skipped as unreadable so far (training and validation).
+  int64_t skipped() const {
+    return train_->skipped_images() + val_->skipped_images();
+  }
+
+  /// Accuracy of `forward` (logits) on the validation set, over all ranks.
+  Accuracy evaluate(
+      const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+    torch::NoGradGuard no_grad;
+    const int64_t k = std::min<int64_t>(5, num_classes());
+    torch::Tensor counts; // [top1, top5, total]
+    val_->set_epoch(0);
+    while (auto batch = val_->next()) {
+      const auto logits = forward(batch->images).to(torch::kFloat);
+      const auto top = std::get<1>(logits.topk(k, 1));
+      const auto hit = top.eq(batch->targets.unsqueeze(1));
+      const auto n = torch::full({}, batch->targets.size(0),
+                                 hit.options().dtype(torch::kLong));
+      const auto c = torch::stack(std::vector<torch::Tensor>{
+          hit.select(1, 0).sum(), hit.any(1).sum(), n});
+      counts = counts.defined() ? counts + c : c;
+    }
+    if (!counts.defined()) {
+      return {};
+    }
+    counts = counts.to(torch::kDouble);
+    if (pg_) {
+      pg_->allreduce(counts, lamp::dist::ReduceOp::kSum);
+    }
+    const auto c = counts.cpu();
+    const double total = c[2].item<double>();
+    return {100.0 * c[0].item<double>() / total,
+            100.0 * c[1].item<double>() / total};
+  }
+
+ private:
+  std::shared_ptr<lamp::dist::ProcessGroup> pg_;
+  lamp::data::ImageFolder train_set_;
+  lamp::data::ImageFolder val_set_;
+  std::optional<lamp::data::ImageLoader> train_;
+  std::optional<lamp::data::ImageLoader> val_;
+};
+
+} // namespace examples

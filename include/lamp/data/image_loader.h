@@ -1,0 +1,155 @@
+#pragma once
+
+// A batched, multi-threaded image loader for lamp::data::ImageFolder: decode
+// threads, pinned host batches, the copy to the GPU on a side stream and the
+// uint8 -> fp32/fp16/bf16 normalisation on the GPU, a prefetch depth, and a
+// position (epoch, batch) that a checkpoint can save and seek() restore.
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <lamp/export.h>
+#include <torch/arg.h>
+
+namespace lamp::data {
+
+class ImageFolder;
+
+/// (min, max) of RandomResizedCrop's scale and ratio.
+using Range = std::array<double, 2>;
+/// A value per RGB channel.
+using PerChannel = std::array<double, 3>;
+
+/// Options of ImageLoader; defaults are those of torchvision's ImageNet
+/// training recipe (RandomResizedCrop(224) + RandomHorizontalFlip +
+/// ImageNet normalisation).
+struct LAMP_API ImageLoaderOptions {
+  /// Images per batch. Default: 256.
+  TORCH_ARG(int64_t, batch_size) = 256;
+  /// Training transform (RandomResizedCrop(image_size, scale, ratio) +
+  /// horizontal flip with p = 0.5) if true; evaluation transform
+  /// (Resize(resize_size) + CenterCrop(image_size)) if false. Default: true.
+  TORCH_ARG(bool, train) = true;
+  /// A new order every epoch (DistributedSampler's, from seed + epoch).
+  /// Default: true.
+  TORCH_ARG(bool, shuffle) = true;
+  /// Seed of the order and of the random crops and flips. Default: 0.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Drop the last incomplete batch of an epoch (and, as
+  /// DistributedSampler's drop_last, the tail that does not divide among the
+  /// ranks). Default: false.
+  TORCH_ARG(bool, drop_last) = false;
+  /// This process's shard: DistributedSampler(size, rank, world_size).
+  /// Defaults: 0 and 1.
+  TORCH_ARG(int64_t, rank) = 0;
+  TORCH_ARG(int64_t, world_size) = 1;
+  /// Side of the square output images. Default: 224.
+  TORCH_ARG(int64_t, image_size) = 224;
+  /// Shorter side before the centre crop of the evaluation transform.
+  /// Default: 256.
+  TORCH_ARG(int64_t, resize_size) = 256;
+  /// RandomResizedCrop's area and aspect-ratio ranges.
+  /// Defaults: (0.08, 1) and (3/4, 4/3).
+  TORCH_ARG(Range, scale) = {0.08, 1.0};
+  TORCH_ARG(Range, ratio) = {3.0 / 4.0, 4.0 / 3.0};
+  /// Per-channel mean and standard deviation on the 0..1 scale (the output
+  /// is (x / 255 - mean) / std). Defaults: ImageNet's.
+  TORCH_ARG(PerChannel, mean) = {0.485, 0.456, 0.406};
+  TORCH_ARG(PerChannel, std) = {0.229, 0.224, 0.225};
+  /// Where the batches are delivered. Default: CPU.
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// dtype of the images: kFloat, kHalf or kBFloat16. Default: kFloat.
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
+  /// Images in channels-last memory format (NHWC in memory, NCHW sizes)
+  /// instead of contiguous NCHW. Default: false.
+  TORCH_ARG(bool, channels_last) = false;
+  /// Decode threads. Default: 8.
+  TORCH_ARG(int64_t, num_threads) = 8;
+  /// Batches prepared ahead of the one being used. Default: 2.
+  TORCH_ARG(int64_t, prefetch) = 2;
+  /// Decode JPEGs on the GPU (nvJPEG, with the hardware decoder where the
+  /// GPU has one); needs a CUDA `device` and a lamp built with nvJPEG. PNGs
+  /// and JPEGs nvJPEG rejects are decoded on the CPU. Default: false.
+  TORCH_ARG(bool, gpu_decode) = false;
+  /// Skip images that cannot be decoded (counted, warned once) instead of
+  /// throwing; the batch holding one is that much shorter. Default: false.
+  TORCH_ARG(bool, skip_bad_images) = false;
+};
+
+/// One batch: images [n, 3, S, S] on the options' device, dtype and memory
+/// format, and their class indices (int64 [n], same device).
+struct ImageBatch {
+  torch::Tensor images;
+  torch::Tensor targets;
+  int64_t epoch = 0;
+  int64_t index = 0; ///< the batch's index in its epoch
+};
+
+/// Loads batches of an ImageFolder, epoch by epoch.
+///
+/// Each sample's crop and flip come from a generator seeded by (seed, epoch,
+/// dataset index): the batches do not depend on the number of threads, and a
+/// run resumed with seek() sees the same batches. The order is
+/// DistributedSampler's (identical to Python's for the same seed, epoch,
+/// rank and world size). Batches on a CUDA device are ready on the stream
+/// that is current when next() returns (the loader's copy stream is waited
+/// for, not synchronised with the host). See Note [ImageLoader threads and
+/// streams] in src/data/image_loader.cpp.
+///
+/// Example:
+/// \code
+///   lamp::data::ImageFolder train("/data/imagenet/train");
+///   lamp::data::ImageLoader loader(train, lamp::data::ImageLoaderOptions()
+///       .device(torch::kCUDA).dtype(torch::kHalf).channels_last(true));
+///   for (int64_t epoch = 0; epoch < 90; ++epoch) {
+///     loader.set_epoch(epoch);
+///     while (auto batch = loader.next()) {
+///       train_step(batch->images, batch->targets);
+///     }
+///   }
+/// \endcode
+class LAMP_API ImageLoader {
+ public:
+  /// `dataset` must outlive the loader.
+  explicit ImageLoader(const ImageFolder& dataset,
+                       ImageLoaderOptions options = {});
+  ~ImageLoader();
+  ImageLoader(const ImageLoader&) = delete;
+  ImageLoader& operator=(const ImageLoader&) = delete;
+
+  /// The next batch of the current epoch, or nullopt at its end. Rethrows a
+  /// decode error (naming the file) from the threads.
+  std::optional<ImageBatch> next();
+
+  /// Starts epoch `epoch` from its first batch (Python's
+  /// `sampler.set_epoch(epoch)` before iterating).
+  void set_epoch(int64_t epoch);
+
+  /// Continues at batch `batch` of epoch `epoch`: what a resumed run calls
+  /// with the position its checkpoint saved.
+  void seek(int64_t epoch, int64_t batch);
+
+  /// The current epoch, and the index of the batch next() returns next.
+  int64_t epoch() const;
+  int64_t batch() const;
+
+  /// Batches in one epoch on this rank.
+  int64_t batches_per_epoch() const;
+
+  /// Images skipped so far because they could not be decoded
+  /// (skip_bad_images).
+  int64_t skipped_images() const;
+
+  const ImageLoaderOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace lamp::data

@@ -1,0 +1,52 @@
+#pragma once
+
+// What a decode thread of lamp::data::ImageLoader does to one sample: its
+// random parameters, and its decode + transform into a row of a batch.
+
+#include <ATen/core/Generator.h>
+#include <lamp/data/transforms.h>
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lamp::data::detail {
+
+// The transform of every sample of a loader.
+struct Recipe {
+  bool train = true;
+  int64_t image_size = 224;
+  int64_t resize_size = 256;
+  std::array<double, 2> scale{0.08, 1.0};
+  std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+  uint64_t seed = 0;
+};
+
+// The generator of sample `index` (dataset index) in `epoch`: a fixed
+// function of (seed, epoch, index), so crops and flips do not depend on
+// which thread draws them or on where a run resumed.
+at::Generator sample_generator(uint64_t seed, int64_t epoch, int64_t index);
+
+// A sample's crop and flip, drawn for an image of `height` x `width` (the
+// evaluation transform draws nothing).
+struct Placement {
+  CropBox box;
+  bool flip = false;
+};
+Placement place(const Recipe& recipe, int64_t epoch, int64_t index,
+                int64_t height, int64_t width);
+
+// Decodes `bytes` (file `path`) and writes the transformed image into `out`,
+// uint8 [S, S, 3] (a row of a pinned batch).
+void transform_into(const Recipe& recipe, int64_t epoch, int64_t index,
+                    const std::vector<uint8_t>& bytes,
+                    const std::string& path, torch::Tensor& decoded,
+                    torch::Tensor out);
+
+// The transform of an already decoded uint8 [H, W, 3] image (CPU or CUDA).
+void transform_decoded_into(const Recipe& recipe, const Placement& placement,
+                            const torch::Tensor& image, torch::Tensor out);
+
+} // namespace lamp::data::detail
