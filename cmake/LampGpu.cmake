@@ -1,7 +1,8 @@
-# Decides LAMP_WITH_CUDA, LAMP_WITH_NCCL and LAMP_WITH_CUDNN after LibTorch has
-# been found. All default to ON when LibTorch is a CUDA build and the CUDA
-# toolkit (and NCCL, cuDNN) are found, so CPU-only machines with the toolkit
-# still compile the GPU paths. Explicit ON that cannot be honoured is an error.
+# Decides LAMP_WITH_CUDA, LAMP_WITH_NCCL, LAMP_WITH_CUDNN and LAMP_WITH_NVJPEG
+# after LibTorch has been found. All default to ON when LibTorch is a CUDA
+# build and the CUDA toolkit (and NCCL, cuDNN, nvJPEG) are found, so CPU-only
+# machines with the toolkit still compile the GPU paths. Explicit ON that
+# cannot be honoured is an error.
 
 set(_lamp_cuda_ok OFF)
 set(_lamp_cuda_why "")
@@ -72,6 +73,23 @@ if(LAMP_WITH_CUDNN AND NOT _lamp_cudnn_ok)
     "LAMP_WITH_CUDA). Set CUDNN_ROOT, or configure with -DLAMP_WITH_CUDNN=OFF.")
 endif()
 
+set(_lamp_nvjpeg_ok OFF)
+if(LAMP_WITH_CUDA)
+  find_package(NVJPEG)
+  set(_lamp_nvjpeg_ok ${NVJPEG_FOUND})
+endif()
+option(LAMP_WITH_NVJPEG
+       "Build lamp's nvJPEG code (GPU JPEG decoding; default: on when found)"
+       ${_lamp_nvjpeg_ok})
+if(LAMP_WITH_NVJPEG AND NOT _lamp_nvjpeg_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_NVJPEG=ON but nvJPEG was not found (it also needs "
+    "LAMP_WITH_CUDA). Install it (pip install nvidia-nvjpeg next to torch, "
+    "or the CUDA toolkit's libnvjpeg), set NVJPEG_ROOT to a folder with "
+    "include/nvjpeg.h and lib/libnvjpeg.so.*, or configure with "
+    "-DLAMP_WITH_NVJPEG=OFF.")
+endif()
+
 if(LAMP_WITH_CUDA)
   message(STATUS "lamp: CUDA ${CUDAToolkit_VERSION} (LibTorch built with "
                  "CUDA ${LAMP_TORCH_CUDA_VERSION})")
@@ -87,4 +105,9 @@ if(LAMP_WITH_CUDNN)
   message(STATUS "lamp: cuDNN ${CUDNN_VERSION} (${CUDNN_LIBRARY})")
 else()
   message(STATUS "lamp: without cuDNN (fused BatchNorm falls back to ATen ops)")
+endif()
+if(LAMP_WITH_NVJPEG)
+  message(STATUS "lamp: nvJPEG ${NVJPEG_VERSION} (${NVJPEG_LIBRARY})")
+else()
+  message(STATUS "lamp: without nvJPEG (JPEGs are decoded on the CPU)")
 endif()
