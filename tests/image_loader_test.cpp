@@ -2,12 +2,15 @@
 // torchvision's eval pipeline, determinism, resume, bad images, shutdown, and
 // a tiny model that learns through it.
 
+#include <lamp/config.h>
 #include <lamp/data.h>
+#include <lamp/lamp.h>
 
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -259,6 +262,109 @@ TEST_F(ImageLoaderTest, ATinyModelLearnsThroughTheLoader) {
   }
   EXPECT_EQ(total, 60);
   EXPECT_GE(static_cast<double>(correct) / total, 0.95);
+}
+
+} // namespace
+
+namespace {
+
+// The loader on a GPU: the same batches as on the CPU (CPU decode), nvJPEG
+// decode close to them, and training through a GraphedStep.
+class ImageLoaderGpu : public ImageLoaderTest {
+ protected:
+  void SetUp() override {
+    LAMP_SKIP_WITHOUT_CUDA();
+    ImageLoaderTest::SetUp();
+  }
+};
+
+TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
+  const auto root = make_folder("data", 3, 8, 64, 7);
+  ImageFolder folder(root);
+  auto options = ImageLoaderOptions().batch_size(8).image_size(48).seed(1);
+  ImageLoader cpu(folder, options);
+  ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
+  const auto a = epoch_of(cpu, 0);
+  const auto b = epoch_of(cuda, 0);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_TRUE(b[k].images.is_cuda());
+    EXPECT_TRUE(torch::equal(a[k].images, b[k].images.cpu())) << k;
+    EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu())) << k;
+  }
+}
+
+TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
+#if !LAMP_WITH_NVJPEG
+  GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";
+#else
+  const auto root = make_folder("data", 3, 8, 64, 8);
+  ImageFolder folder(root);
+  for (bool train : {true, false}) {
+    auto options = ImageLoaderOptions()
+                       .batch_size(8)
+                       .image_size(48)
+                       .resize_size(56)
+                       .train(train)
+                       .device(torch::kCUDA);
+    ImageLoader cpu(folder, options);
+    ImageLoader gpu(folder, ImageLoaderOptions(options).gpu_decode(true));
+    const auto a = epoch_of(cpu, 0);
+    const auto b = epoch_of(gpu, 0);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets));
+      // Decoders differ by a few levels (IDCT, chroma upsampling): in
+      // normalised units, 1 level is 1 / 255 / 0.225.
+      const auto diff = (a[k].images - b[k].images).abs();
+      EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 2.0) << k;
+      EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 40.0) << k;
+    }
+  }
+#endif
+}
+
+TEST_F(ImageLoaderGpu, TrainsThroughAGraphedStep) {
+  const auto root = make_folder("data", 2, 16, 40, 9);
+  ImageFolder folder(root);
+  ImageLoader loader(folder, ImageLoaderOptions()
+                                 .batch_size(8)
+                                 .image_size(24)
+                                 .device(torch::kCUDA)
+                                 .dtype(torch::kHalf)
+                                 .channels_last(true)
+                                 .drop_last(true));
+  torch::manual_seed(0);
+  torch::nn::Sequential model(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)),
+      torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(1), torch::nn::Flatten(),
+      torch::nn::Linear(8, 2));
+  model->to(torch::kCUDA);
+  lamp::optim::FusedSGD opt(model->parameters(),
+                            torch::optim::SGDOptions(0.05));
+  auto step = [&](const std::vector<torch::Tensor>& in) {
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(
+        model->forward(in[0].to(torch::kFloat)), in[1]);
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  };
+  loader.set_epoch(0);
+  auto first = loader.next();
+  ASSERT_TRUE(first.has_value());
+  lamp::GraphedStep graphed(step, {first->images, first->targets}, {&opt});
+  std::vector<double> losses;
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    loader.set_epoch(epoch);
+    while (auto b = loader.next()) {
+      losses.push_back(graphed({b->images, b->targets}).item<double>());
+    }
+  }
+  ASSERT_EQ(losses.size(), 16u);
+  for (double l : losses) {
+    EXPECT_TRUE(std::isfinite(l));
+  }
 }
 
 } // namespace
