@@ -176,7 +176,14 @@ struct GraphedStep::Impl {
     c10::cuda::CUDAStreamGuard on_side(*side);
     // NOTE: our own pool id: a failed capture cannot tell its pool.
     pool = at::cuda::graph_pool_handle();
-    graph->capture_begin(pool);
+    // NOTE: thread-local capture mode: other threads of the process may go on
+    // using CUDA on their own streams while this thread captures (e.g.
+    // lamp::data::ImageLoader's copy thread allocating, copying and
+    // synchronising its stream). In the default global mode any such call
+    // from any thread invalidates the capture ("operation failed due to a
+    // previous error during capture"). This thread's own step is held to
+    // the same rules either way.
+    graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     // The process groups that enqueue collectives during this capture note
     // themselves under its id (Note [Watching collectives]).
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -238,7 +245,7 @@ struct GraphedStep::Impl {
     // every later random op would throw. An empty capture runs it.
     try {
       at::cuda::CUDAGraph repair;
-      repair.capture_begin();
+      repair.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       repair.capture_end();
     } catch (...) { // NOLINT(bugprone-empty-catch): best effort
     }

@@ -289,7 +289,12 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k) {
     ASSERT_TRUE(b[k].images.is_cuda());
-    EXPECT_TRUE(torch::equal(a[k].images, b[k].images.cpu())) << k;
+    // Same uint8 pixels (CPU decode); the normalisation differs in the last
+    // bit where CUDA divides by a scalar as a multiplication by its
+    // reciprocal (measured on an H200: equal only up to that rounding).
+    EXPECT_TRUE(torch::allclose(a[k].images, b[k].images.cpu(), /*rtol=*/0,
+                                /*atol=*/1e-5))
+        << k;
     EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu())) << k;
   }
 }
@@ -314,21 +319,30 @@ TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t k = 0; k < a.size(); ++k) {
       EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets));
-      // Decoders differ by a few levels (IDCT, chroma upsampling): in
-      // normalised units, 1 level is 1 / 255 / 0.225.
+      // Decoders differ by a few levels (IDCT, chroma upsampling); in
+      // normalised units, 1 level is 1 / 255 / 0.225. These generated
+      // images (stripes under +-40 of per-pixel noise) are the worst case for
+      // 4:2:0 chroma upsampling: an H200 measured means of 2.8 to 4.3 levels
+      // and a maximum of 41 (nvjpeg_decoder_test.cpp bounds the decoders
+      // themselves on smoother pictures: mean about 0.4). A wrong crop, flip
+      // or channel order would be tens of levels on average.
       const auto diff = (a[k].images - b[k].images).abs();
-      EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 2.0) << k;
-      EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 40.0) << k;
+      EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 6.0) << k;
+      EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 64.0) << k;
     }
   }
 #endif
 }
 
 TEST_F(ImageLoaderGpu, TrainsThroughAGraphedStep) {
-  const auto root = make_folder("data", 2, 16, 40, 9);
+  // Enough batches that the loader's threads are still at work while the
+  // step is captured (on the 4th call).
+  const auto root = make_folder("data", 2, 32, 40, 9);
   ImageFolder folder(root);
   ImageLoader loader(folder, ImageLoaderOptions()
-                                 .batch_size(8)
+                                 .batch_size(4)
+                                 .prefetch(1)
+                                 .num_threads(1)
                                  .image_size(24)
                                  .device(torch::kCUDA)
                                  .dtype(torch::kHalf)
@@ -361,7 +375,7 @@ TEST_F(ImageLoaderGpu, TrainsThroughAGraphedStep) {
       losses.push_back(graphed({b->images, b->targets}).item<double>());
     }
   }
-  ASSERT_EQ(losses.size(), 16u);
+  ASSERT_EQ(losses.size(), 64u);
   for (double l : losses) {
     EXPECT_TRUE(std::isfinite(l));
   }
