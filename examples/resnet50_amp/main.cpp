@@ -3,8 +3,11 @@
 // cross-entropy over 1000 classes; fp32, fp16 (with lamp::GradScaler) and
 // bf16 autocast, compared in one table: median step time, images/s, peak
 // device memory, final loss and scale, speed-up and memory against fp32.
-// With --ddp, data-parallel over the processes torchrun starts (one GPU
-// each, --batch-size per GPU, images/s over all GPUs).
+// With --data DIR, real images instead: DIR/train and DIR/val ImageFolders
+// through lamp::data::ImageLoader, --epochs, top-1/top-5 validation per
+// epoch (examples/resnet50_amp/image_data.h).
+// With --ddp, data-parallel over the processes torchrun, srun or mpirun
+// start (one GPU each, --batch-size per GPU, images/s over all GPUs).
 //
 // clang-format off
 //   resnet50_amp                                   # all precisions, batch 64, 224x224 on CUDA
@@ -14,6 +17,7 @@
 //   resnet50_amp --precision fp16 --lr-schedule cosine --warmup-steps 10 --clip-grad-norm 1
 //   resnet50_amp --precision fp16 --checkpoint-dir ckpt --checkpoint-every 50 [--resume]
 //   torchrun --no-python --nproc_per_node=2 resnet50_amp --ddp --precision fp16
+//   resnet50_amp --precision fp16 --batch-size 256 --channels-last --data /data/imagenet --epochs 90 [--gpu-decode]
 // clang-format on
 
 #include <lamp/lamp.h>
@@ -462,7 +466,12 @@ int main(int argc, char** argv) {
               << "resnet50_amp: batch " << opt.batch_size << ", "
               << opt.image_size << "x" << opt.image_size
               << (opt.channels_last ? ", channels-last" : ", NCHW") << ", "
-              << opt.steps << " steps (+" << opt.warmup << " warm-up) on "
+              << (opt.data.dir.empty()
+                      ? std::to_string(opt.steps) + " steps (+" +
+                          std::to_string(opt.warmup) + " warm-up)"
+                      : std::to_string(opt.data.epochs) + " epochs of " +
+                          opt.data.dir)
+              << " on "
               << *device << "\n";
     if (pg) {
       std::cout << "resnet50_amp: DDP over " << pg->world_size()
