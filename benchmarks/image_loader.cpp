@@ -6,7 +6,7 @@
 // the same folder; benchmarks/make_jpegs.py writes one.
 //
 //   image_loader --data DIR [--device cuda] [--gpu-decode] [--threads 16]
-//                [--batch-size 256] [--batches 40]
+//                [--batch-size 256] [--batches 200]
 //
 // Prints one JSON line: images/s over the timed batches, and the process's
 // CPU time per image (cores busy per 1,000 images/s).
@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   bool gpu_decode = false;
   int64_t threads = 16;
   int64_t batch_size = 256;
-  int64_t batches = 40;
-  int64_t warmup = 5;
+  int64_t batches = 200;
+  int64_t warmup = 10;
   CLI::App app{"lamp::data::ImageLoader throughput"};
   app.add_option("--data", dir, "an ImageFolder root")->required();
   app.add_option("--device", device, "cpu or cuda")->capture_default_str();

@@ -31,8 +31,12 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--batches", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=5)
+    # NOTE: the workers fill workers * prefetch_factor batches ahead before
+    # the clock starts; time many more than that, or the queue's head start
+    # reads as throughput (2026-11-30 run: 30 timed batches against 64
+    # queued gave an inflated rate and almost no worker CPU time).
+    p.add_argument("--batches", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
     a = p.parse_args()
     t = transforms.Compose([
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
@@ -42,7 +46,7 @@ def main():
     loader = torch.utils.data.DataLoader(
         ds, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
         pin_memory=True, drop_last=True, persistent_workers=True,
-        prefetch_factor=4)
+        prefetch_factor=2)
     it = iter(loader)
 
     def next_batch():
