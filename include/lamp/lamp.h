@@ -9,6 +9,7 @@
 #include <lamp/clip_grad.h>
 #include <lamp/config.h>
 #include <lamp/cuda_graph.h>
+#include <lamp/data.h>
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
