@@ -89,17 +89,19 @@ int main(int argc, char** argv) {
   if (dev.is_cuda()) {
     torch::cuda::synchronize();
   }
-  const double s = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   const double images = static_cast<double>(batches * batch_size);
   const double cpu = cpu_seconds() - cpu0;
   std::printf(
       "{\"impl\": \"lamp\", \"decode\": \"%s\", \"threads\": %lld, "
       "\"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"checksum\": %.4f}\n",
-      gpu_decode ? "gpu" : "cpu", static_cast<long long>(threads),
-      static_cast<long long>(batch_size), images / s,
+      gpu_decode ? "gpu" : "cpu",
+      static_cast<long long>(threads),
+      static_cast<long long>(batch_size),
+      images / s,
       cpu / s / (images / s / 1000.0),
       last.to(torch::kFloat).mean().item<double>());
   return 0;

@@ -66,8 +66,13 @@ c10::Dict<c10::IValue, c10::IValue>* ImageDecoder::expected_ = nullptr;
 
 TEST_F(ImageDecoder, JpegPixelsEqualPillows) {
   for (const char* name :
-       {"q90_420.jpg", "q75_444.jpg", "q95_422.jpg", "progressive.jpg",
-        "odd_17x33.jpg", "one_pixel.jpg", "gray.jpg"}) {
+       {"q90_420.jpg",
+        "q75_444.jpg",
+        "q95_422.jpg",
+        "progressive.jpg",
+        "odd_17x33.jpg",
+        "one_pixel.jpg",
+        "gray.jpg"}) {
     const auto want = expected(name);
     const auto got = decode_image(path(name));
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
@@ -80,8 +85,13 @@ TEST_F(ImageDecoder, JpegPixelsEqualPillows) {
 }
 
 TEST_F(ImageDecoder, PngPixelsEqualPillows) {
-  for (const char* name : {"rgb.png", "rgba.png", "gray.png",
-                           "gray_alpha.png", "palette.png", "bilevel.png"}) {
+  for (const char* name :
+       {"rgb.png",
+        "rgba.png",
+        "gray.png",
+        "gray_alpha.png",
+        "palette.png",
+        "bilevel.png"}) {
     const auto want = expected(name);
     const auto got = decode_image(path(name));
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
@@ -117,8 +127,8 @@ TEST_F(ImageDecoder, SizeFromTheHeaderAndBufferReuse) {
 TEST_F(ImageDecoder, TruncatedAndCorruptFilesAreErrorsNamingTheFile) {
   for (const char* name : {"q90_420.jpg", "progressive.jpg", "rgb.png"}) {
     auto bytes = read_file(path(name));
-    const std::vector<uint8_t> half(bytes.begin(),
-                                    bytes.begin() + bytes.size() / 2);
+    const std::vector<uint8_t> half(
+        bytes.begin(), bytes.begin() + bytes.size() / 2);
     lamp::test::expect_error(
         [&] { decode_image(half.data(), half.size(), "half.img"); },
         "'half.img' is a corrupt or truncated");

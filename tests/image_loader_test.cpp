@@ -44,17 +44,23 @@ class ImageLoaderTest : public testing::Test {
     }
   }
   // classes x per_class images of about size x size under dir_/name.
-  std::string make_folder(const std::string& name, int classes, int per_class,
-                          int size, int seed) {
+  std::string make_folder(
+      const std::string& name,
+      int classes,
+      int per_class,
+      int size,
+      int seed) {
     const std::string root = dir_ + "/" + name;
     lamp::test::run_python_oracle(
-        "image_oracle.py", "folder " + root + " " + std::to_string(classes) +
-            " " + std::to_string(per_class) + " " + std::to_string(size) +
-            " " + std::to_string(seed));
+        "image_oracle.py",
+        "folder " + root + " " + std::to_string(classes) + " " +
+            std::to_string(per_class) + " " + std::to_string(size) + " " +
+            std::to_string(seed));
     return root;
   }
-  static std::vector<lamp::data::ImageBatch> epoch_of(ImageLoader& loader,
-                                                     int64_t epoch) {
+  static std::vector<lamp::data::ImageBatch> epoch_of(
+      ImageLoader& loader,
+      int64_t epoch) {
     loader.set_epoch(epoch);
     std::vector<lamp::data::ImageBatch> batches;
     while (auto b = loader.next()) {
@@ -75,13 +81,15 @@ TEST_F(ImageLoaderTest, EvalBatchesEqualTorchvisionsPipeline) {
       torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()))
           .toGenericDict();
   ImageFolder folder(root);
-  ImageLoader loader(folder, ImageLoaderOptions()
-                                 .batch_size(4)
-                                 .train(false)
-                                 .shuffle(false)
-                                 .image_size(32)
-                                 .resize_size(40)
-                                 .num_threads(3));
+  ImageLoader loader(
+      folder,
+      ImageLoaderOptions()
+          .batch_size(4)
+          .train(false)
+          .shuffle(false)
+          .image_size(32)
+          .resize_size(40)
+          .num_threads(3));
   EXPECT_EQ(loader.batches_per_epoch(), 4);
   const auto batches = epoch_of(loader, 0);
   ASSERT_EQ(batches.size(), 4u);
@@ -93,13 +101,12 @@ TEST_F(ImageLoaderTest, EvalBatchesEqualTorchvisionsPipeline) {
   }
   const auto got = torch::cat(images);
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{15, 3, 32, 32}));
-  EXPECT_TRUE(torch::equal(torch::cat(targets),
-                           want.at("targets").toTensor()));
+  EXPECT_TRUE(torch::equal(torch::cat(targets), want.at("targets").toTensor()));
   // Pixels within 1 of Pillow's resize (see transforms_test.cpp), i.e.
   // 1 / 255 / std after normalisation.
   const double tol = 1.0 / 255 / 0.224 + 1e-5;
-  EXPECT_LE((got - want.at("images").toTensor()).abs().max().item<double>(),
-            tol);
+  EXPECT_LE(
+      (got - want.at("images").toTensor()).abs().max().item<double>(), tol);
 }
 
 TEST_F(ImageLoaderTest, BatchesDoNotDependOnThreadsAndResumeExactly) {
@@ -112,8 +119,8 @@ TEST_F(ImageLoaderTest, BatchesDoNotDependOnThreadsAndResumeExactly) {
                      .dtype(torch::kHalf)
                      .channels_last(true);
   ImageLoader one(folder, ImageLoaderOptions(options).num_threads(1));
-  ImageLoader many(folder, ImageLoaderOptions(options).num_threads(4)
-                               .prefetch(1));
+  ImageLoader many(
+      folder, ImageLoaderOptions(options).num_threads(4).prefetch(1));
   for (int64_t epoch : {0, 1}) {
     const auto a = epoch_of(one, epoch);
     const auto b = epoch_of(many, epoch);
@@ -137,8 +144,8 @@ TEST_F(ImageLoaderTest, BatchesDoNotDependOnThreadsAndResumeExactly) {
     EXPECT_TRUE(torch::equal(third->images, a[3].images));
     EXPECT_TRUE(torch::equal(third->targets, a[3].targets));
   }
-  EXPECT_FALSE(torch::equal(epoch_of(one, 0)[0].targets,
-                            epoch_of(one, 1)[0].targets));
+  EXPECT_FALSE(
+      torch::equal(epoch_of(one, 0)[0].targets, epoch_of(one, 1)[0].targets));
 }
 
 TEST_F(ImageLoaderTest, ShardsFollowTheDistributedSampler) {
@@ -146,12 +153,14 @@ TEST_F(ImageLoaderTest, ShardsFollowTheDistributedSampler) {
   ImageFolder folder(root);
   std::vector<int64_t> seen;
   for (int64_t rank : {0, 1, 2}) {
-    ImageLoader loader(folder, ImageLoaderOptions()
-                                   .batch_size(2)
-                                   .image_size(16)
-                                   .rank(rank)
-                                   .world_size(3)
-                                   .seed(3));
+    ImageLoader loader(
+        folder,
+        ImageLoaderOptions()
+            .batch_size(2)
+            .image_size(16)
+            .rank(rank)
+            .world_size(3)
+            .seed(3));
     lamp::data::DistributedSampler sampler(10, rank, 3, true, 3);
     sampler.set_epoch(2);
     const auto order = sampler.indices();
@@ -184,7 +193,8 @@ TEST_F(ImageLoaderTest, BadImagesAreErrorsOrSkipped) {
   // The same error again, not a hang, until seek() moves on.
   lamp::test::expect_error([&] { strict.next(); }, bad);
 
-  ImageLoader lenient(folder, ImageLoaderOptions(options).skip_bad_images(true));
+  ImageLoader lenient(
+      folder, ImageLoaderOptions(options).skip_bad_images(true));
   const auto batches = epoch_of(lenient, 0);
   ASSERT_EQ(batches.size(), 2u);
   EXPECT_EQ(batches[0].images.size(0), 4);
@@ -197,8 +207,13 @@ TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
   const auto root = make_folder("data", 2, 20, 32, 4);
   ImageFolder folder(root);
   for (int k = 0; k < 3; ++k) {
-    ImageLoader loader(folder, ImageLoaderOptions().batch_size(2).image_size(
-                                   16).num_threads(4).prefetch(3));
+    ImageLoader loader(
+        folder,
+        ImageLoaderOptions()
+            .batch_size(2)
+            .image_size(16)
+            .num_threads(4)
+            .prefetch(3));
     loader.next(); // destroyed with every thread busy or waiting
   }
   lamp::test::expect_error(
@@ -208,9 +223,7 @@ TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
       [&] { ImageLoader(folder, ImageLoaderOptions().dtype(torch::kInt)); },
       "dtype must be float, half or bfloat16");
   lamp::test::expect_error(
-      [&] {
-        ImageLoader(folder, ImageLoaderOptions().image_size(300));
-      },
+      [&] { ImageLoader(folder, ImageLoaderOptions().image_size(300)); },
       "image_size <= resize_size");
 #if !LAMP_WITH_CUDA
   lamp::test::expect_error(
@@ -223,30 +236,36 @@ TEST_F(ImageLoaderTest, ATinyModelLearnsThroughTheLoader) {
   const auto train_root = make_folder("train", 4, 40, 40, 5);
   const auto val_root = make_folder("val", 4, 15, 40, 6);
   ImageFolder train(train_root), val(val_root);
-  ImageLoader train_loader(train, ImageLoaderOptions()
-                                      .batch_size(16)
-                                      .image_size(24)
-                                      .scale({0.25, 1.0})
-                                      .num_threads(2));
-  ImageLoader val_loader(val, ImageLoaderOptions()
-                                  .batch_size(20)
-                                  .train(false)
-                                  .shuffle(false)
-                                  .image_size(24)
-                                  .resize_size(28)
-                                  .num_threads(2));
+  ImageLoader train_loader(
+      train,
+      ImageLoaderOptions()
+          .batch_size(16)
+          .image_size(24)
+          .scale({0.25, 1.0})
+          .num_threads(2));
+  ImageLoader val_loader(
+      val,
+      ImageLoaderOptions()
+          .batch_size(20)
+          .train(false)
+          .shuffle(false)
+          .image_size(24)
+          .resize_size(28)
+          .num_threads(2));
   torch::manual_seed(0);
   torch::nn::Sequential model(
       torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).stride(2)),
-      torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(4), torch::nn::Flatten(),
+      torch::nn::ReLU(),
+      torch::nn::AdaptiveAvgPool2d(4),
+      torch::nn::Flatten(),
       torch::nn::Linear(8 * 16, 4));
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
   for (int64_t epoch = 0; epoch < 6; ++epoch) {
     train_loader.set_epoch(epoch);
     while (auto b = train_loader.next()) {
       opt.zero_grad();
-      torch::nn::functional::cross_entropy(model->forward(b->images),
-                                           b->targets)
+      torch::nn::functional::cross_entropy(
+          model->forward(b->images), b->targets)
           .backward();
       opt.step();
     }
@@ -256,7 +275,10 @@ TEST_F(ImageLoaderTest, ATinyModelLearnsThroughTheLoader) {
   int64_t correct = 0, total = 0;
   val_loader.set_epoch(0);
   while (auto b = val_loader.next()) {
-    correct += model->forward(b->images).argmax(1).eq(b->targets).sum()
+    correct += model->forward(b->images)
+                   .argmax(1)
+                   .eq(b->targets)
+                   .sum()
                    .item<int64_t>();
     total += b->targets.size(0);
   }
@@ -292,8 +314,11 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
     // Same uint8 pixels (CPU decode); the normalisation differs in the last
     // bit where CUDA divides by a scalar as a multiplication by its
     // reciprocal (measured on an H200: equal only up to that rounding).
-    EXPECT_TRUE(torch::allclose(a[k].images, b[k].images.cpu(), /*rtol=*/0,
-                                /*atol=*/1e-5))
+    EXPECT_TRUE(torch::allclose(
+        a[k].images,
+        b[k].images.cpu(),
+        /*rtol=*/0,
+        /*atol=*/1e-5))
         << k;
     EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu())) << k;
   }
@@ -339,23 +364,27 @@ TEST_F(ImageLoaderGpu, TrainsThroughAGraphedStep) {
   // step is captured (on the 4th call).
   const auto root = make_folder("data", 2, 32, 40, 9);
   ImageFolder folder(root);
-  ImageLoader loader(folder, ImageLoaderOptions()
-                                 .batch_size(4)
-                                 .prefetch(1)
-                                 .num_threads(1)
-                                 .image_size(24)
-                                 .device(torch::kCUDA)
-                                 .dtype(torch::kHalf)
-                                 .channels_last(true)
-                                 .drop_last(true));
+  ImageLoader loader(
+      folder,
+      ImageLoaderOptions()
+          .batch_size(4)
+          .prefetch(1)
+          .num_threads(1)
+          .image_size(24)
+          .device(torch::kCUDA)
+          .dtype(torch::kHalf)
+          .channels_last(true)
+          .drop_last(true));
   torch::manual_seed(0);
   torch::nn::Sequential model(
       torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)),
-      torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(1), torch::nn::Flatten(),
+      torch::nn::ReLU(),
+      torch::nn::AdaptiveAvgPool2d(1),
+      torch::nn::Flatten(),
       torch::nn::Linear(8, 2));
   model->to(torch::kCUDA);
-  lamp::optim::FusedSGD opt(model->parameters(),
-                            torch::optim::SGDOptions(0.05));
+  lamp::optim::FusedSGD opt(
+      model->parameters(), torch::optim::SGDOptions(0.05));
   auto step = [&](const std::vector<torch::Tensor>& in) {
     opt.zero_grad();
     auto loss = torch::nn::functional::cross_entropy(

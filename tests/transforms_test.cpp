@@ -36,27 +36,33 @@ TEST(Transforms, CropBoxesAndFlipsAreTorchvisions) {
       const int64_t w = std::stoll(f[1]);
       const CropBox box = k < 32
           ? lamp::data::random_resized_crop_params(h, w, gen)
-          : lamp::data::random_resized_crop_params(h, w, gen, {0.5, 0.9},
-                                                   {0.5, 2.0});
+          : lamp::data::random_resized_crop_params(
+                h, w, gen, {0.5, 0.9}, {0.5, 2.0});
       const bool flip = k < 32 && lamp::data::random_flip(gen);
-      EXPECT_EQ(std::vector<int64_t>({box.top, box.left, box.height,
-                                      box.width, flip}),
-                std::vector<int64_t>({std::stoll(f[2]), std::stoll(f[3]),
-                                      std::stoll(f[4]), std::stoll(f[5]),
-                                      std::stoll(f[6])}))
-          << "seed " << seed << ", draw " << k << " (" << h << "x" << w
-          << ")";
+      EXPECT_EQ(
+          std::vector<int64_t>(
+              {box.top, box.left, box.height, box.width, flip}),
+          std::vector<int64_t>(
+              {std::stoll(f[2]),
+               std::stoll(f[3]),
+               std::stoll(f[4]),
+               std::stoll(f[5]),
+               std::stoll(f[6])}))
+          << "seed " << seed << ", draw " << k << " (" << h << "x" << w << ")";
     }
   }
 }
 
 TEST(Transforms, SizesAndCentreCropAreTorchvisions) {
-  EXPECT_EQ(lamp::data::resize_shorter_side(375, 500, 256),
-            (std::array<int64_t, 2>{256, 341}));
-  EXPECT_EQ(lamp::data::resize_shorter_side(500, 375, 256),
-            (std::array<int64_t, 2>{341, 256}));
-  EXPECT_EQ(lamp::data::resize_shorter_side(300, 300, 256),
-            (std::array<int64_t, 2>{256, 256}));
+  EXPECT_EQ(
+      lamp::data::resize_shorter_side(375, 500, 256),
+      (std::array<int64_t, 2>{256, 341}));
+  EXPECT_EQ(
+      lamp::data::resize_shorter_side(500, 375, 256),
+      (std::array<int64_t, 2>{341, 256}));
+  EXPECT_EQ(
+      lamp::data::resize_shorter_side(300, 300, 256),
+      (std::array<int64_t, 2>{256, 256}));
   // (257 - 224) / 2 = 16.5 rounds half to even: 16; (259 - 224) / 2 = 17.5
   // rounds to 18.
   EXPECT_EQ(lamp::data::center_crop_box(257, 259, 224, 224).top, 16);
@@ -92,10 +98,16 @@ TEST(Transforms, ResizedPixelsMatchTorchvision) {
     return (a.to(torch::kInt) - b.to(torch::kInt)).abs().max().item<int>();
   };
   auto mean_diff = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a.to(torch::kFloat) - b.to(torch::kFloat)).abs().mean().item<double>();
+    return (a.to(torch::kFloat) - b.to(torch::kFloat))
+        .abs()
+        .mean()
+        .item<double>();
   };
   const std::vector<CropBox> boxes = {
-      {10, 20, 300, 400}, {0, 0, 375, 500}, {100, 50, 30, 40}, {5, 7, 200, 100}};
+      {10, 20, 300, 400},
+      {0, 0, 375, 500},
+      {100, 50, 30, 40},
+      {5, 7, 200, 100}};
   for (size_t k = 0; k < boxes.size(); ++k) {
     const auto got = lamp::data::resized_crop(image, boxes[k], 224, 224, false);
     ASSERT_EQ(got.sizes(), (std::vector<int64_t>{224, 224, 3}));
@@ -116,8 +128,8 @@ TEST(Transforms, ResizedPixelsMatchTorchvision) {
 
   auto out = torch::zeros({224, 224, 3}, torch::kUInt8);
   lamp::data::resized_crop(image, boxes[0], 224, 224, false, out);
-  EXPECT_TRUE(torch::equal(out, lamp::data::resized_crop(
-                                    image, boxes[0], 224, 224, false)));
+  EXPECT_TRUE(torch::equal(
+      out, lamp::data::resized_crop(image, boxes[0], 224, 224, false)));
   lamp::test::expect_error(
       [&] {
         lamp::data::resized_crop(image, {300, 0, 100, 10}, 224, 224, false);
@@ -125,8 +137,8 @@ TEST(Transforms, ResizedPixelsMatchTorchvision) {
       "is not inside the image");
   lamp::test::expect_error(
       [&] {
-        lamp::data::resized_crop(image.to(torch::kFloat), boxes[0], 224, 224,
-                                 false);
+        lamp::data::resized_crop(
+            image.to(torch::kFloat), boxes[0], 224, 224, false);
       },
       "expected a uint8 RGB image");
 }

@@ -40,9 +40,7 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag(
-      "--gpu-decode",
-      o.gpu_decode,
-      "--data: decode JPEGs on the GPU (nvJPEG)");
+      "--gpu-decode", o.gpu_decode, "--data: decode JPEGs on the GPU (nvJPEG)");
   app.add_flag(
       "--skip-bad-images",
       o.skip_bad_images,
@@ -66,9 +64,7 @@ class ImageData {
       bool channels_last,
       int64_t seed,
       const std::shared_ptr<lamp::dist::ProcessGroup>& pg)
-      : pg_(pg),
-        train_set_(o.dir + "/train"),
-        val_set_(o.dir + "/val") {
+      : pg_(pg), train_set_(o.dir + "/train"), val_set_(o.dir + "/val") {
     const int64_t rank = pg ? pg->rank() : 0;
     const int64_t world = pg ? pg->world_size() : 1;
     auto base = lamp::data::ImageLoaderOptions()
@@ -86,15 +82,18 @@ class ImageData {
                     .seed(static_cast<uint64_t>(seed));
     // NOTE: full batches only in training, so a CUDA graph's static inputs
     // always fit; validation sees every image.
-    train_.emplace(train_set_, lamp::data::ImageLoaderOptions(base)
-                                   .drop_last(true));
-    val_.emplace(val_set_, lamp::data::ImageLoaderOptions(base)
-                               .train(false)
-                               .shuffle(false));
+    train_.emplace(
+        train_set_, lamp::data::ImageLoaderOptions(base).drop_last(true));
+    val_.emplace(
+        val_set_,
+        lamp::data::ImageLoaderOptions(base).train(false).shuffle(false));
     TORCH_CHECK(
         train_->batches_per_epoch() > 0,
-        "--data: ", train_set_.size(), " training images make no batch of ",
-        batch_size, " per process; lower --batch-size");
+        "--data: ",
+        train_set_.size(),
+        " training images make no batch of ",
+        batch_size,
+        " per process; lower --batch-size");
     TORCH_CHECK(
         val_set_.classes() == train_set_.classes(),
         "--data: DIR/train and DIR/val must have the same class folders");
@@ -127,7 +126,8 @@ class ImageData {
         train_->set_epoch(train_->epoch() + 1);
         continue;
       }
-      if (full_only && batch->images.size(0) != train_->options().batch_size()) {
+      if (full_only &&
+          batch->images.size(0) != train_->options().batch_size()) {
         continue;
       }
       return std::move(*batch);
@@ -150,8 +150,8 @@ class ImageData {
       const auto logits = forward(batch->images).to(torch::kFloat);
       const auto top = std::get<1>(logits.topk(k, 1));
       const auto hit = top.eq(batch->targets.unsqueeze(1));
-      const auto n = torch::full({}, batch->targets.size(0),
-                                 hit.options().dtype(torch::kLong));
+      const auto n = torch::full(
+          {}, batch->targets.size(0), hit.options().dtype(torch::kLong));
       const auto c = torch::stack(std::vector<torch::Tensor>{
           hit.select(1, 0).sum(), hit.any(1).sum(), n});
       counts = counts.defined() ? counts + c : c;
@@ -165,8 +165,9 @@ class ImageData {
     }
     const auto c = counts.cpu();
     const double total = c[2].item<double>();
-    return {100.0 * c[0].item<double>() / total,
-            100.0 * c[1].item<double>() / total};
+    return {
+        100.0 * c[0].item<double>() / total,
+        100.0 * c[1].item<double>() / total};
   }
 
  private:

@@ -112,9 +112,14 @@ Result train(
   std::optional<examples::ImageData> data;
   if (!opt.data.dir.empty()) {
     data.emplace(
-        opt.data, opt.batch_size, opt.image_size, device,
-        precision.amp ? precision.dtype : torch::kFloat, opt.channels_last,
-        opt.seed, pg);
+        opt.data,
+        opt.batch_size,
+        opt.image_size,
+        device,
+        precision.amp ? precision.dtype : torch::kFloat,
+        opt.channels_last,
+        opt.seed,
+        pg);
     if (print) {
       std::printf(
           "resnet50_amp: %lld training and %lld validation images, %lld "
@@ -281,7 +286,9 @@ Result train(
         std::printf(
             "resnet50_amp: epoch %lld: validation top-1 %.2f %%, top-5 "
             "%.2f %% (%lld unreadable images skipped)\n",
-            static_cast<long long>(epoch), accuracy.top1, accuracy.top5,
+            static_cast<long long>(epoch),
+            accuracy.top1,
+            accuracy.top5,
             static_cast<long long>(data->skipped()));
       }
       metrics.write(
@@ -466,13 +473,11 @@ int main(int argc, char** argv) {
               << "resnet50_amp: batch " << opt.batch_size << ", "
               << opt.image_size << "x" << opt.image_size
               << (opt.channels_last ? ", channels-last" : ", NCHW") << ", "
-              << (opt.data.dir.empty()
-                      ? std::to_string(opt.steps) + " steps (+" +
-                          std::to_string(opt.warmup) + " warm-up)"
-                      : std::to_string(opt.data.epochs) + " epochs of " +
-                          opt.data.dir)
-              << " on "
-              << *device << "\n";
+              << (opt.data.dir.empty() ? std::to_string(opt.steps) +
+                          " steps (+" + std::to_string(opt.warmup) + " warm-up)"
+                                       : std::to_string(opt.data.epochs) +
+                          " epochs of " + opt.data.dir)
+              << " on " << *device << "\n";
     if (pg) {
       std::cout << "resnet50_amp: DDP over " << pg->world_size()
                 << " processes, batch " << opt.batch_size << " each\n";

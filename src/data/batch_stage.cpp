@@ -37,13 +37,19 @@ struct BatchStage::Impl {
     const auto format = options.channels_last()
         ? torch::MemoryFormat::ChannelsLast
         : torch::MemoryFormat::Contiguous;
-    return x.to(x.options().dtype(options.dtype()), /*non_blocking=*/false,
-                /*copy=*/false, format);
+    return x.to(
+        x.options().dtype(options.dtype()),
+        /*non_blocking=*/false,
+        /*copy=*/false,
+        format);
   }
 
-  void decode_on_gpu(torch::Tensor& device_pixels, std::vector<char>& good,
-                     EncodedRows& encoded, const Recipe& recipe,
-                     std::vector<std::string>& bad_reason);
+  void decode_on_gpu(
+      torch::Tensor& device_pixels,
+      std::vector<char>& good,
+      EncodedRows& encoded,
+      const Recipe& recipe,
+      std::vector<std::string>& bad_reason);
 };
 
 BatchStage::BatchStage(const ImageLoaderOptions& options)
@@ -51,32 +57,38 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
   auto& impl = *impl_;
   impl.options = options;
   const auto device = options.device();
-  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(),
-                    "ImageLoader: device must be CPU or CUDA, got ", device);
-  TORCH_CHECK_VALUE(!options.gpu_decode() || device.is_cuda(),
-                    "ImageLoader: gpu_decode needs a CUDA device; got ",
-                    device);
-  TORCH_CHECK(!options.gpu_decode() || LAMP_DATA_NVJPEG,
-              "ImageLoader: gpu_decode needs lamp built with nvJPEG "
-              "(LAMP_WITH_NVJPEG; pip install nvidia-nvjpeg or a CUDA "
-              "toolkit with libnvjpeg); leave gpu_decode off to decode on the "
-              "CPU");
+  TORCH_CHECK_VALUE(
+      device.is_cpu() || device.is_cuda(),
+      "ImageLoader: device must be CPU or CUDA, got ",
+      device);
+  TORCH_CHECK_VALUE(
+      !options.gpu_decode() || device.is_cuda(),
+      "ImageLoader: gpu_decode needs a CUDA device; got ",
+      device);
+  TORCH_CHECK(
+      !options.gpu_decode() || LAMP_DATA_NVJPEG,
+      "ImageLoader: gpu_decode needs lamp built with nvJPEG "
+      "(LAMP_WITH_NVJPEG; pip install nvidia-nvjpeg or a CUDA "
+      "toolkit with libnvjpeg); leave gpu_decode off to decode on the "
+      "CPU");
   const auto m = options.mean();
   const auto s = options.std();
-  impl.mean = torch::tensor({m[0], m[1], m[2]}, torch::kFloat).view({1, 3, 1, 1});
-  impl.std = torch::tensor({s[0], s[1], s[2]}, torch::kFloat).view({1, 3, 1, 1});
+  impl.mean =
+      torch::tensor({m[0], m[1], m[2]}, torch::kFloat).view({1, 3, 1, 1});
+  impl.std =
+      torch::tensor({s[0], s[1], s[2]}, torch::kFloat).view({1, 3, 1, 1});
   if (device.is_cuda()) {
 #if LAMP_WITH_CUDA
-    const auto index = device.has_index()
-        ? device.index()
-        : c10::cuda::current_device();
+    const auto index =
+        device.has_index() ? device.index() : c10::cuda::current_device();
     impl.options.device(torch::Device(torch::kCUDA, index));
     impl.mean = impl.mean.to(impl.options.device());
     impl.std = impl.std.to(impl.options.device());
     impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
 #if LAMP_DATA_NVJPEG
     if (options.gpu_decode()) {
-      impl.nvjpeg = std::make_unique<NvjpegDecoder>(index, options.batch_size());
+      impl.nvjpeg =
+          std::make_unique<NvjpegDecoder>(index, options.batch_size());
     }
 #endif
 #else
@@ -92,10 +104,14 @@ bool BatchStage::decodes_on_gpu(const std::vector<uint8_t>& bytes) const {
       image_format(bytes.data(), bytes.size()) == ImageFormat::kJpeg;
 }
 
-void BatchStage::prepare(EncodedRows& rows, int64_t row,
-                         const std::vector<uint8_t>& bytes,
-                         const std::string& path, const Recipe& recipe,
-                         int64_t epoch, int64_t index) const {
+void BatchStage::prepare(
+    EncodedRows& rows,
+    int64_t row,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    const Recipe& recipe,
+    int64_t epoch,
+    int64_t index) const {
   const auto size = image_size(bytes.data(), bytes.size(), path);
   auto& r = rows[row];
   r.pending = true;
@@ -104,11 +120,12 @@ void BatchStage::prepare(EncodedRows& rows, int64_t row,
   r.placement = place(recipe, epoch, index, size.height, size.width);
 }
 
-void BatchStage::Impl::decode_on_gpu(torch::Tensor& device_pixels,
-                                     std::vector<char>& good,
-                                     EncodedRows& encoded,
-                                     const Recipe& recipe,
-                                     std::vector<std::string>& bad_reason) {
+void BatchStage::Impl::decode_on_gpu(
+    torch::Tensor& device_pixels,
+    std::vector<char>& good,
+    EncodedRows& encoded,
+    const Recipe& recipe,
+    std::vector<std::string>& bad_reason) {
 #if LAMP_DATA_NVJPEG
   std::vector<int64_t> rows;
   std::vector<const uint8_t*> data;
@@ -131,16 +148,16 @@ void BatchStage::Impl::decode_on_gpu(torch::Tensor& device_pixels,
   auto one = [&](size_t k) {
     auto& row = encoded[rows[k]];
     try {
-      auto image = nvjpeg->decode({data[k]}, {sizes[k]}, {names[k]},
-                                  cuda_stream)[0];
-      transform_decoded_into(recipe, row.placement, image,
-                             device_pixels[rows[k]]);
+      auto image =
+          nvjpeg->decode({data[k]}, {sizes[k]}, {names[k]}, cuda_stream)[0];
+      transform_decoded_into(
+          recipe, row.placement, image, device_pixels[rows[k]]);
     } catch (const c10::Error& e) {
       const std::string what = e.what_without_backtrace();
       if (what.find("unsupported by nvJPEG") != std::string::npos) {
         const auto image = decode_image(data[k], sizes[k], names[k]);
-        transform_decoded_into(recipe, row.placement, image,
-                               device_pixels[rows[k]]);
+        transform_decoded_into(
+            recipe, row.placement, image, device_pixels[rows[k]]);
       } else if (options.skip_bad_images()) {
         good[rows[k]] = 0;
         bad_reason[rows[k]] = what;
@@ -159,8 +176,8 @@ void BatchStage::Impl::decode_on_gpu(torch::Tensor& device_pixels,
     return;
   }
   for (size_t k = 0; k < rows.size(); ++k) {
-    transform_decoded_into(recipe, encoded[rows[k]].placement, images[k],
-                           device_pixels[rows[k]]);
+    transform_decoded_into(
+        recipe, encoded[rows[k]].placement, images[k], device_pixels[rows[k]]);
   }
   for (auto r : rows) {
     encoded[r].pending = false;
@@ -171,11 +188,14 @@ void BatchStage::Impl::decode_on_gpu(torch::Tensor& device_pixels,
 #endif
 }
 
-ImageBatch BatchStage::run(const torch::Tensor& pixels,
-                           const torch::Tensor& targets,
-                           std::vector<char>& good, int64_t rows,
-                           EncodedRows& encoded, const Recipe& recipe,
-                           std::vector<std::string>& bad_reason) {
+ImageBatch BatchStage::run(
+    const torch::Tensor& pixels,
+    const torch::Tensor& targets,
+    std::vector<char>& good,
+    int64_t rows,
+    EncodedRows& encoded,
+    const Recipe& recipe,
+    std::vector<std::string>& bad_reason) {
   auto& impl = *impl_;
   ImageBatch batch;
   auto host_pixels = pixels.narrow(0, 0, rows);

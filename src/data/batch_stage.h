@@ -37,16 +37,26 @@ class BatchStage {
 
   // Decode thread: keeps the bytes of `row` and draws its crop from the
   // image's header.
-  void prepare(EncodedRows& rows, int64_t row, const std::vector<uint8_t>& bytes,
-               const std::string& path, const Recipe& recipe, int64_t epoch,
-               int64_t index) const;
+  void prepare(
+      EncodedRows& rows,
+      int64_t row,
+      const std::vector<uint8_t>& bytes,
+      const std::string& path,
+      const Recipe& recipe,
+      int64_t epoch,
+      int64_t index) const;
 
   // Stage thread: the first `rows` rows of `pixels` and `targets` (host) as
   // a batch on the device, without the rows whose `good` is 0. On CUDA the
   // work runs on the loader's stream and is finished when this returns.
-  ImageBatch run(const torch::Tensor& pixels, const torch::Tensor& targets,
-                 std::vector<char>& good, int64_t rows, EncodedRows& encoded,
-                 const Recipe& recipe, std::vector<std::string>& bad_reason);
+  ImageBatch run(
+      const torch::Tensor& pixels,
+      const torch::Tensor& targets,
+      std::vector<char>& good,
+      int64_t rows,
+      EncodedRows& encoded,
+      const Recipe& recipe,
+      std::vector<std::string>& bad_reason);
 
   // Caller's thread: makes the batch safe to use on its current stream.
   void hand_over(ImageBatch& batch) const;

@@ -1,10 +1,10 @@
 #include <lamp/data/image_loader.h>
 
+#include <ATen/Parallel.h>
 #include <lamp/config.h>
 #include <lamp/data/distributed_sampler.h>
 #include <lamp/data/image_decoder.h>
 #include <lamp/data/image_folder.h>
-#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -76,9 +76,13 @@ struct ImageLoader::Impl {
   Impl(const ImageFolder& dataset, ImageLoaderOptions options)
       : dataset(dataset),
         options(std::move(options)),
-        sampler(static_cast<int64_t>(dataset.size()), this->options.rank(),
-                this->options.world_size(), this->options.shuffle(),
-                this->options.seed(), this->options.drop_last()) {}
+        sampler(
+            static_cast<int64_t>(dataset.size()),
+            this->options.rank(),
+            this->options.world_size(),
+            this->options.shuffle(),
+            this->options.seed(),
+            this->options.drop_last()) {}
 
   void start();
   void stop_and_join();
@@ -131,8 +135,10 @@ void ImageLoader::Impl::assign(Slot& slot, int64_t b) {
   }
 }
 
-void ImageLoader::Impl::decode_row(Slot& slot, int64_t row,
-                                   torch::Tensor& scratch) {
+void ImageLoader::Impl::decode_row(
+    Slot& slot,
+    int64_t row,
+    torch::Tensor& scratch) {
   const int64_t index = order[slot.batch * options.batch_size() + row];
   const std::string& path = dataset[index].path;
   try {
@@ -140,8 +146,8 @@ void ImageLoader::Impl::decode_row(Slot& slot, int64_t row,
     if (stage->decodes_on_gpu(bytes)) {
       stage->prepare(slot.encoded, row, bytes, path, recipe, epoch, index);
     } else {
-      detail::transform_into(recipe, epoch, index, bytes, path, scratch,
-                             slot.pixels[row]);
+      detail::transform_into(
+          recipe, epoch, index, bytes, path, scratch, slot.pixels[row]);
     }
   } catch (const c10::Error& e) {
     if (!options.skip_bad_images()) {
@@ -200,9 +206,8 @@ void ImageLoader::Impl::stage_loop() {
     Slot& slot = ring[b % ring.size()];
     {
       std::unique_lock<std::mutex> lock(mutex);
-      slot_done.wait(lock, [&] {
-        return stop || (slot.batch == b && slot.pending == 0);
-      });
+      slot_done.wait(
+          lock, [&] { return stop || (slot.batch == b && slot.pending == 0); });
       if (stop) {
         return;
       }
@@ -212,15 +217,21 @@ void ImageLoader::Impl::stage_loop() {
       item.error = slot.error;
     } else {
       try {
-        item.batch = stage->run(slot.pixels, slot.targets, slot.good,
-                                slot.rows, slot.encoded, recipe,
-                                slot.bad_reason);
+        item.batch = stage->run(
+            slot.pixels,
+            slot.targets,
+            slot.good,
+            slot.rows,
+            slot.encoded,
+            recipe,
+            slot.bad_reason);
         int64_t bad = 0;
         for (int64_t r = 0; r < slot.rows; ++r) {
           if (!slot.good[r]) {
-            TORCH_WARN_ONCE("lamp::data::ImageLoader skips images it cannot ",
-                            "decode (skip_bad_images); the first: ",
-                            slot.bad_reason[r]);
+            TORCH_WARN_ONCE(
+                "lamp::data::ImageLoader skips images it cannot ",
+                "decode (skip_bad_images); the first: ",
+                slot.bad_reason[r]);
             ++bad;
           }
         }
@@ -249,9 +260,7 @@ void ImageLoader::Impl::stage_loop() {
       slot.batch = -1;
     }
     // Bounded: at most `prefetch` finished batches wait for next().
-    slot_done.wait(lock, [&] {
-      return stop || ready.size() < ring.size();
-    });
+    slot_done.wait(lock, [&] { return stop || ready.size() < ring.size(); });
     if (stop) {
       return;
     }
@@ -309,18 +318,29 @@ void ImageLoader::Impl::stop_and_join() {
 ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
     : impl_(std::make_unique<Impl>(dataset, std::move(options))) {
   const auto& o = impl_->options;
-  TORCH_CHECK_VALUE(o.batch_size() > 0, "ImageLoader: batch_size must be "
-                    "positive, got ", o.batch_size());
-  TORCH_CHECK_VALUE(o.num_threads() > 0 && o.prefetch() > 0,
-                    "ImageLoader: num_threads and prefetch must be positive, "
-                    "got ", o.num_threads(), " and ", o.prefetch());
-  TORCH_CHECK_VALUE(o.image_size() > 0 && o.resize_size() >= o.image_size(),
-                    "ImageLoader: need 0 < image_size <= resize_size, got ",
-                    o.image_size(), " and ", o.resize_size());
-  TORCH_CHECK_VALUE(o.dtype() == torch::kFloat || o.dtype() == torch::kHalf ||
-                        o.dtype() == torch::kBFloat16,
-                    "ImageLoader: dtype must be float, half or bfloat16, got ",
-                    o.dtype());
+  TORCH_CHECK_VALUE(
+      o.batch_size() > 0,
+      "ImageLoader: batch_size must be "
+      "positive, got ",
+      o.batch_size());
+  TORCH_CHECK_VALUE(
+      o.num_threads() > 0 && o.prefetch() > 0,
+      "ImageLoader: num_threads and prefetch must be positive, "
+      "got ",
+      o.num_threads(),
+      " and ",
+      o.prefetch());
+  TORCH_CHECK_VALUE(
+      o.image_size() > 0 && o.resize_size() >= o.image_size(),
+      "ImageLoader: need 0 < image_size <= resize_size, got ",
+      o.image_size(),
+      " and ",
+      o.resize_size());
+  TORCH_CHECK_VALUE(
+      o.dtype() == torch::kFloat || o.dtype() == torch::kHalf ||
+          o.dtype() == torch::kBFloat16,
+      "ImageLoader: dtype must be float, half or bfloat16, got ",
+      o.dtype());
   auto& recipe = impl_->recipe;
   recipe.train = o.train();
   recipe.image_size = o.image_size();
@@ -336,7 +356,8 @@ ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
         {o.batch_size(), o.image_size(), o.image_size(), 3},
         torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
     slot.targets = torch::empty(
-        {o.batch_size()}, torch::TensorOptions(torch::kLong).pinned_memory(pinned));
+        {o.batch_size()},
+        torch::TensorOptions(torch::kLong).pinned_memory(pinned));
     slot.good.assign(o.batch_size(), 1);
     slot.bad_reason.assign(o.batch_size(), "");
     slot.encoded.resize(o.batch_size());
@@ -377,9 +398,12 @@ void ImageLoader::set_epoch(int64_t epoch) {
 }
 
 void ImageLoader::seek(int64_t epoch, int64_t batch) {
-  TORCH_CHECK_VALUE(epoch >= 0 && batch >= 0,
-                    "ImageLoader::seek: epoch and batch must be >= 0, got ",
-                    epoch, " and ", batch);
+  TORCH_CHECK_VALUE(
+      epoch >= 0 && batch >= 0,
+      "ImageLoader::seek: epoch and batch must be >= 0, got ",
+      epoch,
+      " and ",
+      batch);
   impl_->stop_and_join();
   impl_->epoch = epoch;
   impl_->batch = batch;

@@ -38,11 +38,16 @@ void on_warning(png_structp, png_const_charp) {
 }
 
 // Runs the whole read; `out` null reads the header only.
-bool read(const uint8_t* data, size_t size, PngInfo* info, uint8_t* out,
-          char* error, size_t error_size) {
+bool read(
+    const uint8_t* data,
+    size_t size,
+    PngInfo* info,
+    uint8_t* out,
+    char* error,
+    size_t error_size) {
   Source source{data, size, 0, error, error_size};
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &source,
-                                           &on_error, &on_warning);
+  png_structp png = png_create_read_struct(
+      PNG_LIBPNG_VER_STRING, &source, &on_error, &on_warning);
   if (png == nullptr) {
     std::snprintf(error, error_size, "out of memory");
     return false;
@@ -90,13 +95,21 @@ bool read(const uint8_t* data, size_t size, PngInfo* info, uint8_t* out,
 
 } // namespace
 
-bool png_read_info(const uint8_t* data, size_t size, PngInfo* info,
-                   char* error, size_t error_size) {
+bool png_read_info(
+    const uint8_t* data,
+    size_t size,
+    PngInfo* info,
+    char* error,
+    size_t error_size) {
   return read(data, size, info, nullptr, error, error_size);
 }
 
-bool png_read_rgb(const uint8_t* data, size_t size, uint8_t* out, char* error,
-                  size_t error_size) {
+bool png_read_rgb(
+    const uint8_t* data,
+    size_t size,
+    uint8_t* out,
+    char* error,
+    size_t error_size) {
   return read(data, size, nullptr, out, error, error_size);
 }
 

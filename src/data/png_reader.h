@@ -19,14 +19,22 @@ struct PngInfo {
 
 // Reads the header. Returns false (and a message in `error`) for a file
 // libpng rejects.
-bool png_read_info(const uint8_t* data, size_t size, PngInfo* info,
-                   char* error, size_t error_size);
+bool png_read_info(
+    const uint8_t* data,
+    size_t size,
+    PngInfo* info,
+    char* error,
+    size_t error_size);
 
 // Decodes to 8-bit RGB rows of 3 * width bytes into `out` (height * width *
 // 3 bytes), as PIL's `convert("RGB")` does: palette expanded, grey
 // replicated, alpha and transparency dropped, 16-bit samples reduced to their
 // high byte, no gamma correction.
-bool png_read_rgb(const uint8_t* data, size_t size, uint8_t* out, char* error,
-                  size_t error_size);
+bool png_read_rgb(
+    const uint8_t* data,
+    size_t size,
+    uint8_t* out,
+    char* error,
+    size_t error_size);
 
 } // namespace lamp::data::detail

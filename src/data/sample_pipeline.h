@@ -35,18 +35,29 @@ struct Placement {
   CropBox box;
   bool flip = false;
 };
-Placement place(const Recipe& recipe, int64_t epoch, int64_t index,
-                int64_t height, int64_t width);
+Placement place(
+    const Recipe& recipe,
+    int64_t epoch,
+    int64_t index,
+    int64_t height,
+    int64_t width);
 
 // Decodes `bytes` (file `path`) and writes the transformed image into `out`,
 // uint8 [S, S, 3] (a row of a pinned batch).
-void transform_into(const Recipe& recipe, int64_t epoch, int64_t index,
-                    const std::vector<uint8_t>& bytes,
-                    const std::string& path, torch::Tensor& decoded,
-                    torch::Tensor out);
+void transform_into(
+    const Recipe& recipe,
+    int64_t epoch,
+    int64_t index,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    torch::Tensor& decoded,
+    torch::Tensor out);
 
 // The transform of an already decoded uint8 [H, W, 3] image (CPU or CUDA).
-void transform_decoded_into(const Recipe& recipe, const Placement& placement,
-                            const torch::Tensor& image, torch::Tensor out);
+void transform_decoded_into(
+    const Recipe& recipe,
+    const Placement& placement,
+    const torch::Tensor& image,
+    torch::Tensor out);
 
 } // namespace lamp::data::detail

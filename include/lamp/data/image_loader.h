@@ -116,8 +116,9 @@ struct ImageBatch {
 class LAMP_API ImageLoader {
  public:
   /// `dataset` must outlive the loader.
-  explicit ImageLoader(const ImageFolder& dataset,
-                       ImageLoaderOptions options = {});
+  explicit ImageLoader(
+      const ImageFolder& dataset,
+      ImageLoaderOptions options = {});
   ~ImageLoader();
   ImageLoader(const ImageLoader&) = delete;
   ImageLoader& operator=(const ImageLoader&) = delete;

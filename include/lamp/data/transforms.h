@@ -48,8 +48,10 @@ LAMP_API bool random_flip(at::Generator& generator, double p = 0.5);
 
 /// The size torchvision's `Resize(size)` (one int: the shorter side) gives an
 /// image of `height` x `width`: {new_height, new_width}.
-LAMP_API std::array<int64_t, 2>
-resize_shorter_side(int64_t height, int64_t width, int64_t size);
+LAMP_API std::array<int64_t, 2> resize_shorter_side(
+    int64_t height,
+    int64_t width,
+    int64_t size);
 
 /// torchvision's `CenterCrop` box for an image at least as large as the crop
 /// (offsets rounded half to even, as Python's `round`).
