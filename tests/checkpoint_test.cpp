@@ -34,8 +34,8 @@ using lamp::test::expect_error;
 // A fresh, empty folder under the test temp dir, one per process (ctest runs
 // tests in parallel).
 std::string fresh_dir(const std::string& name) {
-  const auto dir = testing::TempDir() + "lamp_ckpt_" + name + "_" +
-      std::to_string(getpid());
+  const auto dir =
+      testing::TempDir() + "lamp_ckpt_" + name + "_" + std::to_string(getpid());
   EXPECT_EQ(
       std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
       0);

@@ -119,11 +119,10 @@ torch::Tensor decode_jpeg(
   return out;
 }
 
-torch::Tensor decode_png(
+detail::PngInfo png_header(
     const uint8_t* data,
     size_t size,
-    const std::string& name,
-    torch::Tensor out) {
+    const std::string& name) {
   detail::PngInfo info;
   char error[256] = {0};
   TORCH_CHECK(
@@ -133,6 +132,16 @@ torch::Tensor decode_png(
       "' is not a readable PNG (libpng: ",
       error,
       "); replace or remove the file, or set skip_bad_images");
+  return info;
+}
+
+torch::Tensor decode_png(
+    const uint8_t* data,
+    size_t size,
+    const std::string& name,
+    torch::Tensor out) {
+  const detail::PngInfo info = png_header(data, size, name);
+  char error[256] = {0};
   out = output_for(std::move(out), info.height, info.width);
   TORCH_CHECK(
       detail::png_read_rgb(
@@ -180,15 +189,7 @@ ImageSize image_size(
       return {header.height, header.width};
     }
     case ImageFormat::kPng: {
-      detail::PngInfo info;
-      char error[256] = {0};
-      TORCH_CHECK(
-          detail::png_read_info(data, size, &info, error, sizeof(error)),
-          "lamp::data: '",
-          name,
-          "' is not a readable PNG (libpng: ",
-          error,
-          "); replace or remove the file, or set skip_bad_images");
+      const detail::PngInfo info = png_header(data, size, name);
       return {info.height, info.width};
     }
     case ImageFormat::kUnknown:
