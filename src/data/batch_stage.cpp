@@ -11,6 +11,7 @@
 #endif
 #if defined(LAMP_WITH_NVJPEG) && LAMP_WITH_NVJPEG
 #include "nvjpeg_decoder.h"
+#include "resize_batch.h"
 #define LAMP_DATA_NVJPEG 1
 #else
 #define LAMP_DATA_NVJPEG 0
@@ -175,10 +176,13 @@ void BatchStage::Impl::decode_on_gpu(
     }
     return;
   }
-  for (size_t k = 0; k < rows.size(); ++k) {
-    transform_decoded_into(
-        recipe, encoded[rows[k]].placement, images[k], device_pixels[rows[k]]);
+  // One kernel for the batch: per-image interpolate calls made this thread,
+  // not the decoder, the limit of the nvJPEG path.
+  std::vector<Placement> placements;
+  for (auto r : rows) {
+    placements.push_back(encoded[r].placement);
   }
+  resize_into_rows(recipe, placements, images, rows, device_pixels);
   for (auto r : rows) {
     encoded[r].pending = false;
   }
