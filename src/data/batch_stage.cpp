@@ -85,7 +85,10 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
     impl.options.device(torch::Device(torch::kCUDA, index));
     impl.mean = impl.mean.to(impl.options.device());
     impl.std = impl.std.to(impl.options.device());
-    impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+    // NOTE: high priority: the stage's few kernels a batch then start as
+    // soon as SMs free up instead of queueing behind the training step's
+    // (they are the loader's critical path; the step loses the same time).
+    impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
 #if LAMP_DATA_NVJPEG
     if (options.gpu_decode()) {
       impl.nvjpeg =
@@ -227,8 +230,23 @@ ImageBatch BatchStage::run(
 #if LAMP_WITH_CUDA
   c10::cuda::CUDAGuard device_guard(impl.options.device());
   c10::cuda::CUDAStreamGuard stream_guard(*impl.stream);
-  auto device_pixels =
-      host_pixels.to(impl.options.device(), /*non_blocking=*/true);
+  // Only the rows decoded on the CPU travel; the GPU writes the others.
+  auto device_pixels = torch::empty(
+      host_pixels.sizes(), host_pixels.options().device(impl.options.device()));
+  for (int64_t r = 0; r < rows;) {
+    auto on_gpu = [&](int64_t i) {
+      return i < static_cast<int64_t>(encoded.size()) && encoded[i].pending;
+    };
+    int64_t end = r;
+    while (end < rows && on_gpu(end) == on_gpu(r)) {
+      ++end;
+    }
+    if (!on_gpu(r)) {
+      device_pixels.narrow(0, r, end - r)
+          .copy_(host_pixels.narrow(0, r, end - r), /*non_blocking=*/true);
+    }
+    r = end;
+  }
   auto device_targets =
       host_targets.to(impl.options.device(), /*non_blocking=*/true);
   impl.decode_on_gpu(device_pixels, good, encoded, recipe, bad_reason);
