@@ -13,6 +13,7 @@
 // results do not change.
 
 #include <lamp/nn/batch_norm_act.h>
+#include <lamp/nn/max_pool.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -133,7 +134,10 @@ struct ResNet50Impl : torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     x = bn1(conv1(x)); // relu(bn1(conv1(x)))
-    x = torch::max_pool2d(x, 3, 2, 1);
+    // With fused_bn also cuDNN's max pooling, which keeps no index tensor
+    // (lamp/nn/max_pool.h).
+    x = fused_bn_ ? lamp::nn::max_pool2d(x, 3, 2, 1)
+                  : torch::max_pool2d(x, 3, 2, 1);
     x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc(x);

@@ -8,11 +8,12 @@
 #if LAMP_WITH_CUDNN
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <ATen/cudnn/Handle.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cudnn.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "cudnn_utils.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -58,92 +59,11 @@ namespace {
 
 constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
 
-// cuDNN turned these inputs down before running anything.
-struct CudnnRejected : c10::Error {
-  using c10::Error::Error;
-};
-
-[[noreturn]] void throw_cudnn_error(
-    cudnnStatus_t status,
-    const char* call,
-    const char* file,
-    uint32_t line) {
-  char detail[512] = {};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  std::string message = c10::str(
-      "lamp: cuDNN ",
-      call,
-      " failed: ",
-      cudnnGetErrorString(status),
-      " (status ",
-      static_cast<int>(status),
-      ", cuDNN ",
-      cudnnGetVersion(),
-      ")");
-  if (detail[0] != '\0') {
-    message += c10::str(": ", detail);
-  }
-  const c10::SourceLocation where{"lamp cuDNN batch norm", file, line};
-  const int category = CUDNN_STATUS_CATEGORY(status);
-  if (category == CUDNN_STATUS_NOT_SUPPORTED ||
-      category == CUDNN_STATUS_BAD_PARAM) {
-    throw CudnnRejected(where, std::move(message));
-  }
-  throw c10::Error(where, std::move(message));
-}
-
-// Every cuDNN call goes through this.
-#define LAMP_CUDNN_CHECK(call)                                      \
-  do {                                                              \
-    const cudnnStatus_t lamp_cudnn_status_ = (call);                \
-    if (lamp_cudnn_status_ != CUDNN_STATUS_SUCCESS) {               \
-      throw_cudnn_error(                                            \
-          lamp_cudnn_status_, #call, __FILE__, uint32_t(__LINE__)); \
-    }                                                               \
-  } while (0)
-
-template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
-class Descriptor {
- public:
-  Descriptor() {
-    LAMP_CUDNN_CHECK(Create(&desc_));
-  }
-  ~Descriptor() {
-    Destroy(desc_);
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  T get() const {
-    return desc_;
-  }
-
- private:
-  T desc_ = nullptr;
-};
-
-using TensorDescriptor = Descriptor<
-    cudnnTensorDescriptor_t,
-    &cudnnCreateTensorDescriptor,
-    &cudnnDestroyTensorDescriptor>;
-using ActivationDescriptor = Descriptor<
-    cudnnActivationDescriptor_t,
-    &cudnnCreateActivationDescriptor,
-    &cudnnDestroyActivationDescriptor>;
-
 // The descriptors of one call: x (and y, z, dy, dx, dz: all NHWC, same
 // shape and dtype), the fp32 1xCx1x1 statistics, the ReLU.
 struct Descriptors {
   Descriptors(const at::Tensor& input, bool relu) : relu(relu) {
-    const auto type = input.scalar_type() == at::kHalf ? CUDNN_DATA_HALF
-                                                       : CUDNN_DATA_BFLOAT16;
-    LAMP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        x.get(),
-        CUDNN_TENSOR_NHWC,
-        type,
-        static_cast<int>(input.size(0)),
-        static_cast<int>(input.size(1)),
-        static_cast<int>(input.size(2)),
-        static_cast<int>(input.size(3))));
+    set_nhwc(x, input);
     LAMP_CUDNN_CHECK(
         cudnnDeriveBNTensorDescriptor(stats.get(), x.get(), kMode));
     if (relu) {
@@ -181,22 +101,6 @@ const char* ops_name(cudnnBatchNormOps_t ops) {
     default:
       return "BN";
   }
-}
-
-// ATen's handle for this thread and the current device, bound to the
-// current stream. See Note [Fused BatchNorm on cuDNN].
-cudnnHandle_t handle() {
-  cudnnHandle_t h = at::native::getCudnnHandle();
-  LAMP_CUDNN_CHECK(cudnnSetStream(h, c10::cuda::getCurrentCUDAStream()));
-  return h;
-}
-
-// A device buffer of at least `size` bytes (never null: a null workspace
-// would make cuDNN ignore the fused ops).
-at::Tensor buffer(size_t size, const at::Tensor& like) {
-  return at::empty(
-      {static_cast<int64_t>(std::max<size_t>(size, 1))},
-      like.options().dtype(at::kByte));
 }
 
 const void* maybe_ptr(const at::Tensor& t) {
