@@ -79,6 +79,8 @@ def cpp_case(build, model, precision, batch, channels_last, args,
                        str(args.warmup), "--metrics", metrics.name]
             if channels_last:
                 command.append("--channels-last")
+            if args.cudnn_benchmark:
+                command.append("--cudnn-benchmark")
         else:
             command = [f"{build}/examples/mlp_amp", "--device", "cuda",
                        "--precision", precision, "--batch-size", str(batch),
@@ -97,6 +99,8 @@ def python_case(model, precision, batch, channels_last, args):
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
         if channels_last:
             command.append("--channels-last")
+        if args.cudnn_benchmark:
+            command.append("--cudnn-benchmark")
     else:
         command = [sys.executable, "benchmarks/mlp_amp.py", "--precision",
                    precision, "--batch-size", str(batch), "--epochs", "1"]
@@ -233,6 +237,9 @@ def main():
     p.add_argument("--precisions", type=lambda s: s.split(","),
                    default=["fp16", "bf16"],
                    help="with --fused-bn: precisions (default fp16,bf16)")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="ResNet-50 cases: cuDNN autotuning in lamp "
+                        "(--cudnn-benchmark) and Python alike")
     args = p.parse_args()
     if not args.no_build:
         if not os.path.exists(os.path.join(args.build_dir, "CMakeCache.txt")):

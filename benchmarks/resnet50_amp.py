@@ -34,6 +34,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ddp", action="store_true",
@@ -57,6 +59,7 @@ def main():
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)
     model = torchvision.models.resnet50().to(device)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -95,6 +98,7 @@ def main():
             "kind": "summary", "model": "resnet50", "precision": args.precision,
             "world_size": world_size, "batch_size": args.batch_size,
             "channels_last": args.channels_last, "compile": args.compile,
+            "cudnn_benchmark": args.cudnn_benchmark,
             "median_step_ms": median,
             "images_per_s": world_size * args.batch_size * 1000 / median,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else 0,

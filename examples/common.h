@@ -11,6 +11,7 @@
 
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <algorithm>
@@ -110,10 +111,19 @@ class Trace {
   std::string path_;
 };
 
+// Waits for the work queued on the current stream: a training step (eager,
+// DDP, graph replay) ends there.
+// NOTE: not cudaDeviceSynchronize, which would also wait for the GPU work
+// of lamp::data's loader (its own stream, decoding the next batch with
+// --gpu-decode) and so put that work inside every timed step.
 inline void synchronize(const torch::Device& device) {
+#if LAMP_WITH_CUDA
   if (device.is_cuda()) {
-    torch::cuda::synchronize();
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
   }
+#else
+  (void)device;
+#endif
 }
 
 /// Frees cached blocks and restarts peak tracking (CUDA only).

@@ -52,6 +52,7 @@ struct Options {
   bool channels_last = false;
   bool fused_bn = false;
   bool no_fused_bn = false;
+  bool cudnn_benchmark = false;
   bool ddp = false;
   bool cuda_graph = false;
   double bucket_cap_mb = 25;
@@ -107,6 +108,7 @@ Result train(
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   const bool fused_bn = use_fused_bn(opt, device, precision);
+  at::globalContext().setBenchmarkCuDNN(opt.cudnn_benchmark);
   // --data: real images, fed in the autocast dtype (the first convolution
   // would cast them to it anyway).
   std::optional<examples::ImageData> data;
@@ -331,6 +333,7 @@ Result train(
        {"batch_size", opt.batch_size},
        {"image_size", opt.image_size},
        {"channels_last", opt.channels_last},
+       {"cudnn_benchmark", opt.cudnn_benchmark},
        {"fused_bn", fused_bn},
        {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
@@ -372,6 +375,11 @@ int main(int argc, char** argv) {
       "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
       "same unfused ops elsewhere (default: on for CUDA channels-last "
       "fp16/bf16)");
+  app.add_flag(
+      "--cudnn-benchmark",
+      opt.cudnn_benchmark,
+      "let cuDNN time its convolution algorithms on first use and keep the "
+      "fastest (Python's torch.backends.cudnn.benchmark = True)");
   app.add_flag(
          "--no-fused-bn",
          opt.no_fused_bn,
