@@ -18,9 +18,10 @@ namespace lamp::nn {
 /// times an fp16 output). Everything else, and inputs cuDNN turns down, run
 /// `torch::max_pool2d`. The output equals ATen's; the gradient does too
 /// where a window has one maximum. Where several elements tie for it, ATen
-/// gives the gradient to the first in (row, column) order and cuDNN to one of
-/// them; after a ReLU such ties are mostly zeros, whose gradient the ReLU
-/// drops (tests/max_pool_test.cpp compares both).
+/// gives the gradient to the first in (row, column) order; cuDNN did the
+/// same on an H200 with cuDNN 9.19 (tests/max_pool_test.cpp), which cuDNN
+/// does not document. After a ReLU such ties are mostly zeros, whose
+/// gradient the ReLU drops anyway.
 ///
 /// Example (ResNet's stem):
 /// \code
