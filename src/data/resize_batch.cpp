@@ -35,21 +35,7 @@ ResizeJob job_for(
   job.row = static_cast<int32_t>(row);
   if (recipe.train) {
     const CropBox& box = placement.box;
-    TORCH_CHECK_VALUE(
-        box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
-            box.top + box.height <= height && box.left + box.width <= width,
-        "resize_into_rows: the box (top ",
-        box.top,
-        ", left ",
-        box.left,
-        ", ",
-        box.height,
-        "x",
-        box.width,
-        ") is not inside the image ",
-        height,
-        "x",
-        width);
+    check_box_inside(box, height, width, "resize_into_rows");
     job.region_top = static_cast<int32_t>(box.top);
     job.region_left = static_cast<int32_t>(box.left);
     job.region_height = static_cast<int32_t>(box.height);

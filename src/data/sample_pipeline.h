@@ -53,6 +53,14 @@ void transform_into(
     torch::Tensor& decoded,
     torch::Tensor out);
 
+// Throws c10::ValueError naming `who` unless `box` lies inside a `height` x
+// `width` image (resized_crop's check, shared with the batched GPU path).
+void check_box_inside(
+    const CropBox& box,
+    int64_t height,
+    int64_t width,
+    const char* who);
+
 // The transform of an already decoded uint8 [H, W, 3] image (CPU or CUDA).
 void transform_decoded_into(
     const Recipe& recipe,

@@ -1,5 +1,7 @@
 #include <lamp/data/transforms.h>
 
+#include "sample_pipeline.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -183,22 +185,7 @@ torch::Tensor resized_crop(
     bool flip,
     torch::Tensor out) {
   check_image(image);
-  TORCH_CHECK_VALUE(
-      box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
-          box.top + box.height <= image.size(0) &&
-          box.left + box.width <= image.size(1),
-      "resized_crop: the box (top ",
-      box.top,
-      ", left ",
-      box.left,
-      ", ",
-      box.height,
-      "x",
-      box.width,
-      ") is not inside the image ",
-      image.size(0),
-      "x",
-      image.size(1));
+  detail::check_box_inside(box, image.size(0), image.size(1), "resized_crop");
   auto crop = image.slice(0, box.top, box.top + box.height)
                   .slice(1, box.left, box.left + box.width);
   auto result = resize(crop, out_height, out_width);
@@ -224,4 +211,30 @@ torch::Tensor resize_center_crop(
       std::move(out));
 }
 
+namespace detail {
+
+void check_box_inside(
+    const CropBox& box,
+    int64_t height,
+    int64_t width,
+    const char* who) {
+  TORCH_CHECK_VALUE(
+      box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
+          box.top + box.height <= height && box.left + box.width <= width,
+      who,
+      ": the box (top ",
+      box.top,
+      ", left ",
+      box.left,
+      ", ",
+      box.height,
+      "x",
+      box.width,
+      ") is not inside the image ",
+      height,
+      "x",
+      width);
+}
+
+} // namespace detail
 } // namespace lamp::data
