@@ -85,9 +85,10 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
     impl.options.device(torch::Device(torch::kCUDA, index));
     impl.mean = impl.mean.to(impl.options.device());
     impl.std = impl.std.to(impl.options.device());
-    // NOTE: high priority: the stage's few kernels a batch then start as
-    // soon as SMs free up instead of queueing behind the training step's
-    // (they are the loader's critical path; the step loses the same time).
+    // NOTE: high priority, so that the stage's few kernels a batch start as
+    // soon as SMs free up rather than queue behind the training step's. On
+    // an H200 it made no measurable difference to the step either way
+    // (benchmarks/README.md, issue 15).
     impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
 #if LAMP_DATA_NVJPEG
     if (options.gpu_decode()) {
@@ -179,8 +180,9 @@ void BatchStage::Impl::decode_on_gpu(
     }
     return;
   }
-  // One kernel for the batch: per-image interpolate calls made this thread,
-  // not the decoder, the limit of the nvJPEG path.
+  // One kernel for the whole batch: the LibTorch ops it replaces (about
+  // seven an image) made this thread, not the decoder, the nvJPEG path's
+  // limit.
   std::vector<Placement> placements;
   for (auto r : rows) {
     placements.push_back(encoded[r].placement);
