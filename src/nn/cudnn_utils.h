@@ -1,9 +1,9 @@
 #pragma once
 
-// Internal: what lamp's cuDNN ops share (src/nn/batch_norm_act_cudnn.cpp,
-// src/nn/max_pool_cudnn.cpp): the status check, RAII descriptors, ATen's
-// handle bound to the current stream, scratch buffers from the caching
-// allocator. Only with LAMP_WITH_CUDNN.
+// Internal: the cuDNN plumbing of lamp's cuDNN ops
+// (src/nn/batch_norm_act_cudnn.cpp): the status check, RAII descriptors,
+// ATen's handle bound to the current stream, scratch buffers from the
+// caching allocator. Only with LAMP_WITH_CUDNN.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -66,10 +66,6 @@ using ActivationDescriptor = Descriptor<
     cudnnActivationDescriptor_t,
     &cudnnCreateActivationDescriptor,
     &cudnnDestroyActivationDescriptor>;
-using PoolingDescriptor = Descriptor<
-    cudnnPoolingDescriptor_t,
-    &cudnnCreatePoolingDescriptor,
-    &cudnnDestroyPoolingDescriptor>;
 
 // An NHWC descriptor of a 4-d channels-last fp16 or bf16 tensor.
 void set_nhwc(const TensorDescriptor& desc, const at::Tensor& t);

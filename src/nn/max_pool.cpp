@@ -4,8 +4,8 @@
 
 #include <torch/torch.h>
 
-#if LAMP_WITH_CUDNN
-#include "max_pool_cudnn.h"
+#if LAMP_WITH_CUDA
+#include "max_pool_cuda.h"
 #endif
 
 namespace lamp::nn {
@@ -25,22 +25,13 @@ torch::Tensor max_pool2d(
       stride,
       ", padding ",
       padding);
-#if LAMP_WITH_CUDNN
+#if LAMP_WITH_CUDA
   if (input.is_cuda() && input.dim() == 4 &&
       input.size(2) + 2 * padding >= kernel_size &&
       input.size(3) + 2 * padding >= kernel_size) {
-    std::string why;
-    if (auto output = detail::cudnn_max_pool2d(
-            input, kernel_size, stride, padding, why)) {
+    if (auto output =
+            detail::cuda_max_pool2d(input, kernel_size, stride, padding)) {
       return *output;
-    }
-    if (!why.empty()) {
-      TORCH_WARN_ONCE(
-          "lamp::nn::max_pool2d: cuDNN turned down an input of sizes ",
-          input.sizes(),
-          " (",
-          why,
-          "); using torch::max_pool2d");
     }
   }
 #endif

@@ -11,17 +11,13 @@ namespace lamp::nn {
 /// `torch::max_pool2d(input, kernel_size, stride, padding)` (dilation 1,
 /// floor mode) that keeps no index tensor for backward.
 ///
-/// For CUDA channels-last fp16/bf16 input it runs cuDNN's max pooling
-/// (CUDNN_POOLING_MAX_DETERMINISTIC, NaN propagated): backward finds each
-/// window's maximum again from the input and output, which a ResNet keeps
-/// anyway, instead of ATen's int64 indices (8 bytes an output element, four
-/// times an fp16 output). Everything else, and inputs cuDNN turns down, run
-/// `torch::max_pool2d`. The output equals ATen's; the gradient does too
-/// where a window has one maximum. Where several elements tie for it, ATen
-/// gives the gradient to the first in (row, column) order; cuDNN did the
-/// same on an H200 with cuDNN 9.19 (tests/max_pool_test.cpp), which cuDNN
-/// does not document. After a ReLU such ties are mostly zeros, whose
-/// gradient the ReLU drops anyway.
+/// For CUDA channels-last fp16/bf16 input (windows of up to 255 elements)
+/// it runs lamp's own NHWC kernels, which keep one byte per output element
+/// for backward (where in its window the maximum was) instead of ATen's
+/// int64 index (8 bytes, four times an fp16 output). Output and gradient
+/// equal ATen's bit for bit, ties and NaN included (the maximum is the first
+/// in (row, column) order, a NaN always wins; gradients are summed in ATen's
+/// order). Everything else runs `torch::max_pool2d`.
 ///
 /// Example (ResNet's stem):
 /// \code
