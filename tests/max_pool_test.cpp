@@ -112,6 +112,20 @@ TEST_F(MaxPoolGpu, EqualsATenBitForBit) {
   EXPECT_GT(nan_outputs, 0); // NaN was in play
 }
 
+// Past 2^30 padded input elements the kernels index in 64 bits: still
+// ATen's results (an 8-channel 11590 x 11590 fp16 image, 2.1 GB).
+TEST_F(MaxPoolGpu, LargeInputIndexesIn64Bits) {
+  torch::manual_seed(4);
+  const auto x = tied_input({1, 8, 11590, 11590}, torch::kHalf);
+  const auto dy = torch::randn({1, 8, 5795, 5795}, torch::kCUDA)
+                      .to(torch::kHalf)
+                      .contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto [y1, dx1] = pool_and_grad(x, dy, /*lamp_pool=*/true);
+  const auto [y2, dx2] = pool_and_grad(x, dy, /*lamp_pool=*/false);
+  EXPECT_TRUE(same(y1, y2));
+  EXPECT_TRUE(same(dx1, dx2));
+}
+
 // A gradient in NCHW layout (what a transposing op may hand back) gives the
 // same input gradient.
 TEST_F(MaxPoolGpu, AnyGradientLayout) {

@@ -9,10 +9,13 @@
 // With `fused_bn` every BatchNorm that a ReLU follows (the stem's, and bn1,
 // bn2, bn3 of each bottleneck, bn3 with the residual add) is one
 // lamp::nn::BatchNormAct2d: cuDNN's fused kernels for channels-last fp16/bf16
-// training on CUDA, the same unfused ops elsewhere. Names, parameters and
-// results do not change.
+// training on CUDA, the same unfused ops elsewhere; the stem's max pooling is
+// lamp::nn::max_pool2d, each bottleneck's conv1 lamp::nn::conv1x1_and_shortcut
+// and the global average pooling avg_pool2d (see forward()). Names,
+// parameters and results do not change.
 
 #include <lamp/nn/batch_norm_act.h>
+#include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
 #include <torch/torch.h>
 
@@ -71,7 +74,8 @@ struct BottleneckImpl : torch::nn::Module {
   static constexpr int64_t kExpansion = 4;
 
   BottleneckImpl(int64_t in, int64_t width, int64_t stride, bool fused_bn)
-      : conv1(register_module("conv1", conv(in, width, 1))),
+      : fused_bn_(fused_bn),
+        conv1(register_module("conv1", conv(in, width, 1))),
         conv2(register_module("conv2", conv(width, width, 3, stride))),
         conv3(register_module("conv3", conv(width, width * kExpansion, 1))),
         bn1(*this, "bn1", width, fused_bn),
@@ -87,11 +91,21 @@ struct BottleneckImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    auto out = bn1(conv1(x)); // relu(bn1(conv1(x)))
+    // With fused_bn, conv1's input gradient is summed with the shortcut's
+    // in conv1's backward GEMM (lamp/nn/conv_shortcut.h), not in an add.
+    auto [out, shortcut] = fused_bn_
+        ? lamp::nn::conv1x1_and_shortcut(x, conv1->weight)
+        : std::pair{conv1(x), x};
+    out = bn1(out); // relu(bn1(conv1(x)))
     out = bn2(conv2(out));
-    return bn3(conv3(out), downsample ? downsample->forward(x) : x);
+    return bn3(
+        conv3(out), downsample ? downsample->forward(shortcut) : shortcut);
   }
 
+ private:
+  bool fused_bn_;
+
+ public:
   // NOTE: declared (so registered) in the order torchvision's state dict
   // and earlier lamp checkpoints list them: convolutions, then norms.
   torch::nn::Conv2d conv1, conv2, conv3;
@@ -134,12 +148,16 @@ struct ResNet50Impl : torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     x = bn1(conv1(x)); // relu(bn1(conv1(x)))
-    // With fused_bn also cuDNN's max pooling, which keeps no index tensor
-    // (lamp/nn/max_pool.h).
+    // With fused_bn also lamp's max pooling, which keeps a byte per output
+    // element, not an int64 index (lamp/nn/max_pool.h).
     x = fused_bn_ ? lamp::nn::max_pool2d(x, 3, 2, 1)
                   : torch::max_pool2d(x, 3, 2, 1);
     x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    // NOTE: adaptive_avg_pool2d to 1x1 is a mean, whose backward expands,
+    // divides and then (for the channels-last BatchNorm) copies the
+    // gradient; avg_pool2d over the whole map writes it in one kernel.
+    x = fused_bn_ ? torch::avg_pool2d(x, {x.size(2), x.size(3)}).flatten(1)
+                  : torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc(x);
   }
 

@@ -14,6 +14,7 @@
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
 #include <lamp/nn/batch_norm_act.h>
+#include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>

@@ -27,6 +27,23 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 
 // VEC elements of T (and VEC argmax bytes) moved as one load or store:
 // 16 bytes of fp16/bf16 and 8 of argmax for VEC = 8.
+// PoolGeometry in the kernel's index type.
+template <typename Index>
+struct Shape {
+  __device__ explicit Shape(const PoolGeometry& g)
+      : n(static_cast<Index>(g.n)),
+        channels(static_cast<Index>(g.channels)),
+        height(static_cast<Index>(g.height)),
+        width(static_cast<Index>(g.width)),
+        out_height(static_cast<Index>(g.out_height)),
+        out_width(static_cast<Index>(g.out_width)),
+        kernel(g.kernel),
+        stride(g.stride),
+        padding(g.padding) {}
+  Index n, channels, height, width, out_height, out_width, kernel, stride,
+      padding;
+};
+
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
@@ -36,31 +53,35 @@ struct alignas(VEC) BytePack {
   uint8_t v[VEC];
 };
 
-template <typename T, int VEC>
+// Index: int32_t where every element offset fits (the common case: 64-bit
+// division costs several times the 32-bit one, and these kernels divide to
+// find their pixel), int64_t otherwise.
+template <typename T, int VEC, typename Index>
 __global__ void max_pool_forward_nhwc(
     const T* __restrict__ x,
     T* __restrict__ y,
     uint8_t* __restrict__ argmax,
-    PoolGeometry g) {
-  const int64_t groups = g.channels / VEC;
-  const int64_t total = g.n * g.out_height * g.out_width * groups;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    PoolGeometry geometry) {
+  const Shape<Index> g(geometry);
+  const Index groups = g.channels / VEC;
+  const Index total = g.n * g.out_height * g.out_width * groups;
+  const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) {
     return;
   }
-  const int64_t group = t % groups;
-  int64_t pixel = t / groups;
-  const int64_t ow = pixel % g.out_width;
+  const Index group = t % groups;
+  Index pixel = t / groups;
+  const Index ow = pixel % g.out_width;
   pixel /= g.out_width;
-  const int64_t oh = pixel % g.out_height;
-  const int64_t n = pixel / g.out_height;
+  const Index oh = pixel % g.out_height;
+  const Index n = pixel / g.out_height;
 
-  const int64_t h0 = oh * g.stride - g.padding;
-  const int64_t w0 = ow * g.stride - g.padding;
-  const int64_t h_begin = h0 > 0 ? h0 : 0;
-  const int64_t w_begin = w0 > 0 ? w0 : 0;
-  const int64_t h_end = min(h0 + g.kernel, g.height);
-  const int64_t w_end = min(w0 + g.kernel, g.width);
+  const Index h0 = oh * g.stride - g.padding;
+  const Index w0 = ow * g.stride - g.padding;
+  const Index h_begin = h0 > 0 ? h0 : 0;
+  const Index w_begin = w0 > 0 ? w0 : 0;
+  const Index h_end = min(h0 + g.kernel, g.height);
+  const Index w_end = min(w0 + g.kernel, g.width);
 
   float best[VEC];
   BytePack<VEC> where;
@@ -71,8 +92,8 @@ __global__ void max_pool_forward_nhwc(
     best[v] = -INFINITY;
     where.v[v] = first;
   }
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    for (int64_t w = w_begin; w < w_end; ++w) {
+  for (Index h = h_begin; h < h_end; ++h) {
+    for (Index w = w_begin; w < w_end; ++w) {
       const auto in = *reinterpret_cast<const Pack<T, VEC>*>(
           x + ((n * g.height + h) * g.width + w) * g.channels + group * VEC);
       const auto at = static_cast<uint8_t>((h - h0) * g.kernel + (w - w0));
@@ -93,46 +114,47 @@ __global__ void max_pool_forward_nhwc(
   for (int v = 0; v < VEC; ++v) {
     out.v[v] = from_float<T>(best[v]);
   }
-  const int64_t o = t * VEC; // NHWC output, channels fastest
+  const Index o = t * VEC; // NHWC output, channels fastest
   *reinterpret_cast<Pack<T, VEC>*>(y + o) = out;
   *reinterpret_cast<BytePack<VEC>*>(argmax + o) = where;
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, typename Index>
 __global__ void max_pool_backward_nhwc(
     const T* __restrict__ dy,
     const uint8_t* __restrict__ argmax,
     T* __restrict__ dx,
-    PoolGeometry g) {
-  const int64_t groups = g.channels / VEC;
-  const int64_t total = g.n * g.height * g.width * groups;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    PoolGeometry geometry) {
+  const Shape<Index> g(geometry);
+  const Index groups = g.channels / VEC;
+  const Index total = g.n * g.height * g.width * groups;
+  const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) {
     return;
   }
-  const int64_t group = t % groups;
-  int64_t pixel = t / groups;
-  const int64_t w = pixel % g.width;
+  const Index group = t % groups;
+  Index pixel = t / groups;
+  const Index w = pixel % g.width;
   pixel /= g.width;
-  const int64_t h = pixel % g.height;
-  const int64_t n = pixel / g.height;
+  const Index h = pixel % g.height;
+  const Index n = pixel / g.height;
 
   // The windows that contain (h, w), as ATen bounds them.
-  const int64_t ph_begin =
+  const Index ph_begin =
       h + g.padding < g.kernel ? 0 : (h + g.padding - g.kernel) / g.stride + 1;
-  const int64_t pw_begin =
+  const Index pw_begin =
       w + g.padding < g.kernel ? 0 : (w + g.padding - g.kernel) / g.stride + 1;
-  const int64_t ph_end = min((h + g.padding) / g.stride + 1, g.out_height);
-  const int64_t pw_end = min((w + g.padding) / g.stride + 1, g.out_width);
+  const Index ph_end = min((h + g.padding) / g.stride + 1, g.out_height);
+  const Index pw_end = min((w + g.padding) / g.stride + 1, g.out_width);
 
   float sum[VEC];
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
     sum[v] = 0.0f;
   }
-  for (int64_t ph = ph_begin; ph < ph_end; ++ph) {
-    for (int64_t pw = pw_begin; pw < pw_end; ++pw) {
-      const int64_t o =
+  for (Index ph = ph_begin; ph < ph_end; ++ph) {
+    for (Index pw = pw_begin; pw < pw_end; ++pw) {
+      const Index o =
           ((n * g.out_height + ph) * g.out_width + pw) * g.channels +
           group * VEC;
       const auto here = static_cast<uint8_t>(
@@ -153,7 +175,16 @@ __global__ void max_pool_backward_nhwc(
   for (int v = 0; v < VEC; ++v) {
     out.v[v] = from_float<T>(sum[v]);
   }
-  *reinterpret_cast<Pack<T, VEC>*>(dx + t * VEC) = out;
+  *reinterpret_cast<Pack<T, VEC>*>(dx + static_cast<Index>(t * VEC)) = out;
+}
+
+// Whether every element offset of input and output, and the padded window
+// arithmetic, fit in int32_t.
+bool fits_int32(const PoolGeometry& g) {
+  constexpr int64_t kLimit = int64_t{1} << 30;
+  return g.n * g.channels * (g.height + 2 * g.padding + g.kernel) *
+      (g.width + 2 * g.padding + g.kernel) <
+      kLimit;
 }
 
 int64_t blocks(int64_t threads) {
@@ -174,12 +205,21 @@ cudaError_t forward(
   }
   const auto* in = static_cast<const T*>(x);
   auto* out = static_cast<T*>(y);
-  if (vector == 8) {
-    max_pool_forward_nhwc<T, 8>
-        <<<blocks(outputs / 8), kThreads, 0, stream>>>(in, out, argmax, g);
+  const int64_t threads = outputs / vector;
+  if (fits_int32(g)) {
+    if (vector == 8) {
+      max_pool_forward_nhwc<T, 8, int32_t>
+          <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
+    } else {
+      max_pool_forward_nhwc<T, 1, int32_t>
+          <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
+    }
+  } else if (vector == 8) {
+    max_pool_forward_nhwc<T, 8, int64_t>
+        <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
   } else {
-    max_pool_forward_nhwc<T, 1>
-        <<<blocks(outputs), kThreads, 0, stream>>>(in, out, argmax, g);
+    max_pool_forward_nhwc<T, 1, int64_t>
+        <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
   }
   return cudaGetLastError();
 }
@@ -198,12 +238,21 @@ cudaError_t backward(
   }
   const auto* grad = static_cast<const T*>(dy);
   auto* out = static_cast<T*>(dx);
-  if (vector == 8) {
-    max_pool_backward_nhwc<T, 8>
-        <<<blocks(inputs / 8), kThreads, 0, stream>>>(grad, argmax, out, g);
+  const int64_t threads = inputs / vector;
+  if (fits_int32(g)) {
+    if (vector == 8) {
+      max_pool_backward_nhwc<T, 8, int32_t>
+          <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
+    } else {
+      max_pool_backward_nhwc<T, 1, int32_t>
+          <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
+    }
+  } else if (vector == 8) {
+    max_pool_backward_nhwc<T, 8, int64_t>
+        <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
   } else {
-    max_pool_backward_nhwc<T, 1>
-        <<<blocks(inputs), kThreads, 0, stream>>>(grad, argmax, out, g);
+    max_pool_backward_nhwc<T, 1, int64_t>
+        <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
   }
   return cudaGetLastError();
 }
