@@ -180,15 +180,23 @@ TEST_F(ConvShortcutGpu, ResNetIdentityBlockUnderAutocast) {
   EXPECT_EQ(fused.weight.scalar_type(), torch::kFloat);
   const auto reference =
       run(x.to(torch::kFloat), w, block, /*fused=*/false, dy.to(torch::kFloat));
-  const auto error = [&](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a.to(torch::kFloat) - b).abs().max().item<double>();
+  // Against fp32 a few elements differ by a whole dy where fp16 rounding
+  // flipped a ReLU: compare mean errors, and fused with unfused directly
+  // (same forward, same masks: the sums differ by their rounding alone).
+  const auto mean_error = [&](const torch::Tensor& a) {
+    return (a.to(torch::kFloat) - reference.input).abs().mean().item<double>();
   };
-  const double fused_error = error(fused.input, reference.input);
-  const double plain_error = error(plain.input, reference.input);
-  std::cout << "input gradient, largest error against fp32: fused "
-            << fused_error << ", unfused " << plain_error << "\n";
-  EXPECT_LE(fused_error, 1.5 * plain_error + 1e-3);
-  EXPECT_TRUE(torch::allclose(fused.out, plain.out, 0, 0));
+  const double fused_error = mean_error(fused.input);
+  const double plain_error = mean_error(plain.input);
+  std::cout << "input gradient, mean error against fp32: fused " << fused_error
+            << ", unfused " << plain_error << "\n";
+  EXPECT_LE(fused_error, 1.05 * plain_error);
+  EXPECT_TRUE(torch::allclose(
+      fused.input.to(torch::kFloat), plain.input.to(torch::kFloat), 1e-2, 1e-2))
+      << (fused.input.to(torch::kFloat) - plain.input.to(torch::kFloat))
+             .abs()
+             .max();
+  EXPECT_TRUE(torch::equal(fused.out, plain.out));
   EXPECT_TRUE(torch::allclose(fused.weight, plain.weight, 2e-2, 2e-2));
 }
 
