@@ -157,7 +157,8 @@ def fused_bn_rows(args):
     """lamp unfused / fused BatchNorm, eager / graphed, and Python eager."""
     header = ("case", "unfused ms", "fused ms", "fused speed-up",
               "unfused graph ms", "fused graph ms", "graph speed-up",
-              "Python ms", "Python/fused graph", "unfused GiB", "fused GiB",
+              "Python ms", "Python/fused", "Python/fused graph",
+              "unfused GiB", "fused GiB", "unfused graph GiB",
               "fused graph GiB", "Python GiB")
 
     def attempt(f):
@@ -189,9 +190,9 @@ def fused_bn_rows(args):
             lines.append((
                 f"resnet50 bs{batch} NHWC {precision}", ms(plain), ms(fused),
                 ratio(plain, fused), ms(plain_graph), ms(fused_graph),
-                ratio(plain_graph, fused_graph), ms(py),
+                ratio(plain_graph, fused_graph), ms(py), ratio(py, fused),
                 ratio(py, fused_graph), gib(plain), gib(fused),
-                gib(fused_graph), gib(py)))
+                gib(plain_graph), gib(fused_graph), gib(py)))
             # NOTE: printed as it goes, so a run cut short still says
             # something.
             print("  ".join(lines[-1]), file=sys.stderr, flush=True)
