@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace lamp::nn::detail {
 namespace {
 
@@ -44,6 +46,22 @@ struct Shape {
       padding;
 };
 
+// Where thread t works in an NHWC tensor of images of rows x columns
+// pixels of `groups` channel groups (channels fastest): image n, which is
+// past the last image for the threads past the end.
+template <typename Index>
+struct Element {
+  __device__ Element(Index t, Index rows, Index columns, Index groups) {
+    group = t % groups;
+    Index pixel = t / groups;
+    column = pixel % columns;
+    pixel /= columns;
+    row = pixel % rows;
+    n = pixel / rows;
+  }
+  Index n, row, column, group;
+};
+
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
@@ -63,18 +81,15 @@ __global__ void max_pool_forward_nhwc(
     uint8_t* __restrict__ argmax,
     PoolGeometry geometry) {
   const Shape<Index> g(geometry);
-  const Index groups = g.channels / VEC;
-  const Index total = g.n * g.out_height * g.out_width * groups;
   const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= total) {
+  const Element<Index> e(t, g.out_height, g.out_width, g.channels / VEC);
+  if (e.n >= g.n) {
     return;
   }
-  const Index group = t % groups;
-  Index pixel = t / groups;
-  const Index ow = pixel % g.out_width;
-  pixel /= g.out_width;
-  const Index oh = pixel % g.out_height;
-  const Index n = pixel / g.out_height;
+  const Index n = e.n;
+  const Index oh = e.row;
+  const Index ow = e.column;
+  const Index group = e.group;
 
   const Index h0 = oh * g.stride - g.padding;
   const Index w0 = ow * g.stride - g.padding;
@@ -126,18 +141,15 @@ __global__ void max_pool_backward_nhwc(
     T* __restrict__ dx,
     PoolGeometry geometry) {
   const Shape<Index> g(geometry);
-  const Index groups = g.channels / VEC;
-  const Index total = g.n * g.height * g.width * groups;
   const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= total) {
+  const Element<Index> e(t, g.height, g.width, g.channels / VEC);
+  if (e.n >= g.n) {
     return;
   }
-  const Index group = t % groups;
-  Index pixel = t / groups;
-  const Index w = pixel % g.width;
-  pixel /= g.width;
-  const Index h = pixel % g.height;
-  const Index n = pixel / g.height;
+  const Index n = e.n;
+  const Index h = e.row;
+  const Index w = e.column;
+  const Index group = e.group;
 
   // The windows that contain (h, w), as ATen bounds them.
   const Index ph_begin =
@@ -191,6 +203,21 @@ int64_t blocks(int64_t threads) {
   return (threads + kThreads - 1) / kThreads;
 }
 
+// Calls launch(std::integral_constant<int, VEC>{}, Index{}) with the vector
+// width (8 or 1) and the index type the geometry allows, then reports the
+// launch's error.
+template <typename Launch>
+cudaError_t dispatch(const PoolGeometry& g, int vector, const Launch& launch) {
+  using Eight = std::integral_constant<int, 8>;
+  using One = std::integral_constant<int, 1>;
+  if (fits_int32(g)) {
+    vector == 8 ? launch(Eight{}, int32_t{}) : launch(One{}, int32_t{});
+  } else {
+    vector == 8 ? launch(Eight{}, int64_t{}) : launch(One{}, int64_t{});
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t forward(
     const PoolGeometry& g,
@@ -205,23 +232,11 @@ cudaError_t forward(
   }
   const auto* in = static_cast<const T*>(x);
   auto* out = static_cast<T*>(y);
-  const int64_t threads = outputs / vector;
-  if (fits_int32(g)) {
-    if (vector == 8) {
-      max_pool_forward_nhwc<T, 8, int32_t>
-          <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
-    } else {
-      max_pool_forward_nhwc<T, 1, int32_t>
-          <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
-    }
-  } else if (vector == 8) {
-    max_pool_forward_nhwc<T, 8, int64_t>
-        <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
-  } else {
-    max_pool_forward_nhwc<T, 1, int64_t>
-        <<<blocks(threads), kThreads, 0, stream>>>(in, out, argmax, g);
-  }
-  return cudaGetLastError();
+  return dispatch(g, vector, [&](auto vec, auto index) {
+    constexpr int kVec = decltype(vec)::value;
+    max_pool_forward_nhwc<T, kVec, decltype(index)>
+        <<<blocks(outputs / kVec), kThreads, 0, stream>>>(in, out, argmax, g);
+  });
 }
 
 template <typename T>
@@ -238,23 +253,11 @@ cudaError_t backward(
   }
   const auto* grad = static_cast<const T*>(dy);
   auto* out = static_cast<T*>(dx);
-  const int64_t threads = inputs / vector;
-  if (fits_int32(g)) {
-    if (vector == 8) {
-      max_pool_backward_nhwc<T, 8, int32_t>
-          <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
-    } else {
-      max_pool_backward_nhwc<T, 1, int32_t>
-          <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
-    }
-  } else if (vector == 8) {
-    max_pool_backward_nhwc<T, 8, int64_t>
-        <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
-  } else {
-    max_pool_backward_nhwc<T, 1, int64_t>
-        <<<blocks(threads), kThreads, 0, stream>>>(grad, argmax, out, g);
-  }
-  return cudaGetLastError();
+  return dispatch(g, vector, [&](auto vec, auto index) {
+    constexpr int kVec = decltype(vec)::value;
+    max_pool_backward_nhwc<T, kVec, decltype(index)>
+        <<<blocks(inputs / kVec), kThreads, 0, stream>>>(grad, argmax, out, g);
+  });
 }
 
 } // namespace
