@@ -118,9 +118,12 @@ TEST(ConvShortcut, OtherInputsTakeTheUnfusedOps) {
   const auto [y, shortcut] = lamp::nn::conv1x1_and_shortcut(x, w);
   EXPECT_TRUE(shortcut.is_same(x));
   EXPECT_TRUE(torch::allclose(y, torch::conv2d(x, w)));
-  // Nothing needs a gradient: the unfused ops too.
+  // Nothing needs a gradient, or no grad mode: the unfused ops too.
   const auto c = channels_last(torch::randn({2, 4, 3, 3}));
   EXPECT_TRUE(lamp::nn::conv1x1_and_shortcut(c, w).second.is_same(c));
+  const auto r = c.clone().requires_grad_();
+  const torch::NoGradGuard no_grad;
+  EXPECT_TRUE(lamp::nn::conv1x1_and_shortcut(r, w).second.is_same(r));
 }
 
 TEST(ConvShortcut, BadWeightIsAClearError) {

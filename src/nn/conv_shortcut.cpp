@@ -126,7 +126,8 @@ bool fusable(const at::Tensor& input, const at::Tensor& weight) {
       weight.device() == input.device() && weight.size(1) == input.size(1) &&
       weight.size(2) == 1 && weight.size(3) == 1 && weight.is_contiguous() &&
       input.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-      input.numel() > 0 && (input.requires_grad() || weight.requires_grad());
+      input.numel() > 0 && at::GradMode::is_enabled() &&
+      (input.requires_grad() || weight.requires_grad());
 }
 
 } // namespace

@@ -23,7 +23,8 @@ namespace lamp::nn {
 ///
 /// The fused path is taken for a channels-last contiguous floating-point
 /// 4-d `input` and a 1x1 `weight` of its dtype (under `AutocastGuard`, after
-/// autocast's casts, as torch::conv2d's), on any device. The forward is
+/// autocast's casts, as torch::conv2d's), on any device, when grad mode is on
+/// and either needs a gradient. The forward is
 /// torch::conv2d's and the weight gradient too; only the sum of the input's
 /// gradients is computed in the matrix product (in its accumulation type,
 /// so in fp16 it is rounded once, not twice). Other inputs take the unfused
