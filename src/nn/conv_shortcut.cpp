@@ -34,9 +34,10 @@ void count(ShortcutGradient how) {
 }
 
 // A channels-last contiguous 4-d tensor as the row-major matrix its memory
-// is: N*H*W rows, C columns (a view).
+// is: N*H*W rows, C columns. NOTE: view, not reshape: results are written
+// through it, so it must never be a copy (view throws instead).
 at::Tensor as_rows(const at::Tensor& t) {
-  return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)});
+  return t.permute({0, 2, 3, 1}).view({-1, t.size(1)});
 }
 
 bool ours_to_overwrite(const at::Tensor& grad, const at::Tensor& like) {
