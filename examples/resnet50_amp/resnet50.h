@@ -10,10 +10,11 @@
 // bn2, bn3 of each bottleneck, bn3 with the residual add) is one
 // lamp::nn::BatchNormAct2d: cuDNN's fused kernels for channels-last fp16/bf16
 // training on CUDA, the same unfused ops elsewhere; the stem's max pooling is
-// lamp::nn::max_pool2d and each bottleneck's conv1
-// lamp::nn::conv1x1_and_shortcut. Names, parameters and results do not
-// change.
+// lamp::nn::max_pool2d, each bottleneck's conv1
+// lamp::nn::conv1x1_and_shortcut and the head's pooling
+// lamp::nn::global_avg_pool2d. Names, parameters and results do not change.
 
+#include <lamp/nn/avg_pool.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
@@ -153,10 +154,13 @@ struct ResNet50Impl : torch::nn::Module {
     x = fused_bn_ ? lamp::nn::max_pool2d(x, 3, 2, 1)
                   : torch::max_pool2d(x, 3, 2, 1);
     x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
-    // NOTE: not avg_pool2d with fused_bn: its channels-last backward kernel
-    // took 0.39 ms a step at bs256 on an H200, against 0.17 ms for the
-    // mean's expand, divide and copy.
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    // With fused_bn lamp's global average pooling, whose backward writes
+    // the channels-last gradient in one kernel (lamp/nn/avg_pool.h). NOTE:
+    // not avg_pool2d: its channels-last backward kernel took 0.39 ms a step
+    // at bs256 on an H200, against 0.17 ms for ATen's mean backward.
+    x = fused_bn_ ? lamp::nn::global_avg_pool2d(x)
+                  : torch::adaptive_avg_pool2d(x, {1, 1});
+    x = x.flatten(1);
     return fc(x);
   }
 
