@@ -44,10 +44,13 @@ class GlobalAvgPoolFunction
     ctx->saved_data["sizes"] = input.sizes();
     // NOTE: ATen's adaptive_avg_pool2d, word for word, for a 1x1 output of
     // a channels-last input (AdaptiveAveragePooling.cpp).
+    // (A 1x1 image is both layouts; ATen then keeps mean's strides.)
     auto output = input.mean({-1, -2}, /*keepdim=*/true);
-    const int64_t n = input.size(0);
-    const int64_t c = input.size(1);
-    output.as_strided_({n, c, 1, 1}, {c, 1, c, c});
+    if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      const int64_t n = input.size(0);
+      const int64_t c = input.size(1);
+      output.as_strided_({n, c, 1, 1}, {c, 1, c, c});
+    }
     return output;
   }
 
