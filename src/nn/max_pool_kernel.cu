@@ -1,5 +1,7 @@
 #include "max_pool_kernel.h"
 
+#include "cuda_dtype.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,23 +11,6 @@ namespace lamp::nn::detail {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ inline float to_float(__half v) {
-  return __half2float(v);
-}
-__device__ inline float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // VEC elements of T (and VEC argmax bytes) moved as one load or store:
 // 16 bytes of fp16/bf16 and 8 of argmax for VEC = 8.
