@@ -104,6 +104,29 @@ TEST_F(GlobalAvgPoolGpu, AnyGradientLayout) {
   EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
 }
 
+// Backward with create_graph=true runs ATen's ops: a double backward
+// (here the gradient of a function of dx with respect to dy) equals ATen's.
+TEST_F(GlobalAvgPoolGpu, DoubleBackwardEqualsATens) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({2, 16, 3, 3}, torch::kCUDA)
+                     .contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto v = torch::randn_like(x);
+  const auto g = torch::randn({2, 16, 1, 1}, torch::kCUDA);
+  auto second = [&](bool lamp_pool) {
+    auto input = x.detach().clone().requires_grad_(true);
+    auto dy = g.clone().requires_grad_(true);
+    auto y = lamp_pool ? lamp::nn::global_avg_pool2d(input)
+                       : torch::adaptive_avg_pool2d(input, {1, 1});
+    auto dx = torch::autograd::grad(
+        {y}, {input}, {dy}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    (dx * v).sum().backward();
+    return dy.grad();
+  };
+  const auto lamp_grad = second(true);
+  ASSERT_TRUE(lamp_grad.defined());
+  EXPECT_TRUE(torch::allclose(lamp_grad, second(false)));
+}
+
 // Where lamp's kernel does not apply the result is ATen's all the same:
 // NCHW input, double, no gradient needed.
 TEST_F(GlobalAvgPoolGpu, OtherInputsTakeATensPath) {

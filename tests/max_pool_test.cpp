@@ -172,4 +172,24 @@ TEST_F(MaxPoolGpu, OtherInputsTakeATensPath) {
       lamp::nn::max_pool2d(h, 3, 2, 1), torch::max_pool2d(h, 3, 2, 1)));
 }
 
+// lamp's kernels have no double backward: a clear error, not a second
+// derivative silently missing.
+TEST_F(MaxPoolGpu, NoDoubleBackward) {
+  const auto x = torch::randn({1, 8, 6, 6}, torch::kCUDA)
+                     .to(torch::kHalf)
+                     .contiguous(torch::MemoryFormat::ChannelsLast)
+                     .requires_grad_();
+  const auto y = lamp::nn::max_pool2d(x, 3, 2, 1);
+  lamp::test::expect_error(
+      [&] {
+        torch::autograd::grad(
+            {y.sum()},
+            {x},
+            {},
+            /*retain_graph=*/true,
+            /*create_graph=*/true);
+      },
+      "no double backward");
+}
+
 } // namespace

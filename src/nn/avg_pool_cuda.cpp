@@ -22,6 +22,8 @@ namespace {
 // from the caching allocator: ordered like ATen ops, no host sync,
 // capturable in a CUDA graph. The arithmetic is ATen's (float, times the
 // reciprocal, rounded once), so the gradient equals ATen's bit for bit.
+// Backward with create_graph=true runs ATen's ops instead, so that double
+// backward works.
 
 AvgPoolDtype pool_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -62,6 +64,12 @@ class GlobalAvgPoolFunction
     const int64_t channels = sizes[1];
     const int64_t pixels = sizes[2] * sizes[3];
     const c10::cuda::CUDAGuard guard(grads[0].device());
+    if (at::GradMode::is_enabled()) {
+      // NOTE: backward with create_graph=true: ATen's differentiable ops
+      // (the same values), so that a double backward sees them.
+      return {(grads[0].expand(sizes) / pixels)
+                  .contiguous(at::MemoryFormat::ChannelsLast)};
+    }
     // NOTE: dy is N x C x 1 x 1 in any strides; the kernel reads it dense.
     const auto grad_output = grads[0].reshape({n, channels}).contiguous();
     auto grad_input = at::empty(

@@ -92,6 +92,10 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
   static torch::autograd::variable_list backward(
       torch::autograd::AutogradContext* ctx,
       torch::autograd::variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "lamp::nn::max_pool2d: lamp's NHWC kernels have no double backward "
+        "(backward with create_graph=true); use torch::max_pool2d there");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& argmax = saved[0];
     const c10::cuda::CUDAGuard guard(argmax.device());
