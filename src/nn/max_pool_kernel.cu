@@ -175,6 +175,146 @@ __global__ void max_pool_backward_nhwc(
   *reinterpret_cast<Pack<T, VEC>*>(dx + static_cast<Index>(t * VEC)) = out;
 }
 
+// The same two kernels for 3x3 windows, stride 2, padding 1 (ResNet's, and
+// most networks' stem pool), with the window unrolled: every load of a
+// window is issued before the first comparison, where the general kernels'
+// runtime-bounded loops wait for each load in turn (and diverge in the
+// backward, whose threads cover one or two windows a row). Same order of
+// comparisons and sums as above, so the same bits.
+template <typename T, int VEC, typename Index>
+__global__ void max_pool_forward_nhwc_3x3s2(
+    const T* __restrict__ x,
+    T* __restrict__ y,
+    uint8_t* __restrict__ argmax,
+    PoolGeometry geometry) {
+  const Shape<Index> g(geometry);
+  const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const Element<Index> e(t, g.out_height, g.out_width, g.channels / VEC);
+  if (e.n >= g.n) {
+    return;
+  }
+  const Index h0 = e.row * 2 - 1;
+  const Index w0 = e.column * 2 - 1;
+  Pack<T, VEC> in[3][3];
+  bool inside[3][3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const Index h = h0 + i;
+      const Index w = w0 + j;
+      inside[i][j] = h >= 0 && h < g.height && w >= 0 && w < g.width;
+      if (inside[i][j]) {
+        in[i][j] = *reinterpret_cast<const Pack<T, VEC>*>(
+            x + ((e.n * g.height + h) * g.width + w) * g.channels +
+            e.group * VEC);
+      }
+    }
+  }
+  float best[VEC];
+  BytePack<VEC> where;
+  // The first window element inside the image, as the general kernel.
+  const auto first = static_cast<uint8_t>((h0 < 0 ? 3 : 0) + (w0 < 0 ? 1 : 0));
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    best[v] = -INFINITY;
+    where.v[v] = first;
+  }
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if (inside[i][j]) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float val = to_float(in[i][j].v[v]);
+          if (val > best[v] || isnan(val)) {
+            best[v] = val;
+            where.v[v] = static_cast<uint8_t>(i * 3 + j);
+          }
+        }
+      }
+    }
+  }
+  Pack<T, VEC> out;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    out.v[v] = from_float<T>(best[v]);
+  }
+  const Index o = t * VEC;
+  *reinterpret_cast<Pack<T, VEC>*>(y + o) = out;
+  *reinterpret_cast<BytePack<VEC>*>(argmax + o) = where;
+}
+
+template <typename T, int VEC, typename Index>
+__global__ void max_pool_backward_nhwc_3x3s2(
+    const T* __restrict__ dy,
+    const uint8_t* __restrict__ argmax,
+    T* __restrict__ dx,
+    PoolGeometry geometry) {
+  const Shape<Index> g(geometry);
+  const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const Element<Index> e(t, g.height, g.width, g.channels / VEC);
+  if (e.n >= g.n) {
+    return;
+  }
+  // Window p covers rows 2p-1 .. 2p+1: an even row lies in window h/2
+  // only, an odd one also in the next (if there is one). ATen's bounds.
+  const Index ph0 = e.row >> 1;
+  const Index pw0 = e.column >> 1;
+  const int rows = (e.row & 1) && ph0 + 1 < g.out_height ? 2 : 1;
+  const int columns = (e.column & 1) && pw0 + 1 < g.out_width ? 2 : 1;
+  BytePack<VEC> where[2][2];
+  Pack<T, VEC> grad[2][2];
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (a < rows && b < columns) {
+        const Index o =
+            ((e.n * g.out_height + ph0 + a) * g.out_width + pw0 + b) *
+                g.channels +
+            e.group * VEC;
+        where[a][b] = *reinterpret_cast<const BytePack<VEC>*>(argmax + o);
+        grad[a][b] = *reinterpret_cast<const Pack<T, VEC>*>(dy + o);
+      }
+    }
+  }
+  float sum[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    sum[v] = 0.0f;
+  }
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (a < rows && b < columns) {
+        // (row, column) in window (ph0 + a, pw0 + b), whose first row is
+        // 2 (ph0 + a) - 1.
+        const auto here = static_cast<uint8_t>(
+            (e.row - 2 * (ph0 + a) + 1) * 3 + (e.column - 2 * (pw0 + b) + 1));
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          if (where[a][b].v[v] == here) {
+            sum[v] += to_float(grad[a][b].v[v]);
+          }
+        }
+      }
+    }
+  }
+  Pack<T, VEC> out;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    out.v[v] = from_float<T>(sum[v]);
+  }
+  *reinterpret_cast<Pack<T, VEC>*>(dx + static_cast<Index>(t * VEC)) = out;
+}
+
+bool is_3x3s2(const PoolGeometry& g) {
+  return g.kernel == 3 && g.stride == 2 && g.padding == 1;
+}
+
 // Whether every element offset of input and output, and the padded window
 // arithmetic, fit in int32_t.
 bool fits_int32(const PoolGeometry& g) {
@@ -219,8 +359,11 @@ cudaError_t forward(
   auto* out = static_cast<T*>(y);
   return dispatch(g, vector, [&](auto vec, auto index) {
     constexpr int kVec = decltype(vec)::value;
-    max_pool_forward_nhwc<T, kVec, decltype(index)>
-        <<<blocks(outputs / kVec), kThreads, 0, stream>>>(in, out, argmax, g);
+    using Index = decltype(index);
+    const auto kernel = is_3x3s2(g)
+        ? max_pool_forward_nhwc_3x3s2<T, kVec, Index>
+        : max_pool_forward_nhwc<T, kVec, Index>;
+    kernel<<<blocks(outputs / kVec), kThreads, 0, stream>>>(in, out, argmax, g);
   });
 }
 
@@ -240,8 +383,12 @@ cudaError_t backward(
   auto* out = static_cast<T*>(dx);
   return dispatch(g, vector, [&](auto vec, auto index) {
     constexpr int kVec = decltype(vec)::value;
-    max_pool_backward_nhwc<T, kVec, decltype(index)>
-        <<<blocks(inputs / kVec), kThreads, 0, stream>>>(grad, argmax, out, g);
+    using Index = decltype(index);
+    const auto kernel = is_3x3s2(g)
+        ? max_pool_backward_nhwc_3x3s2<T, kVec, Index>
+        : max_pool_backward_nhwc<T, kVec, Index>;
+    kernel<<<blocks(inputs / kVec), kThreads, 0, stream>>>(
+        grad, argmax, out, g);
   });
 }
 
