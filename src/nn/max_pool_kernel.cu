@@ -246,6 +246,11 @@ __global__ void max_pool_forward_nhwc_3x3s2(
   *reinterpret_cast<BytePack<VEC>*>(argmax + o) = where;
 }
 
+// One thread a window (p, q): it writes the 2x2 input pixels (2p, 2q) ..
+// (2p+1, 2q+1) (those inside the image), which windows (p, q), (p, q+1),
+// (p+1, q) and (p+1, q+1) cover, so each window's dy and argmax are loaded
+// once a thread instead of once an input pixel. An even row or column lies
+// in one window only; window (p, q) covers rows 2p-1 .. 2p+1.
 template <typename T, int VEC, typename Index>
 __global__ void max_pool_backward_nhwc_3x3s2(
     const T* __restrict__ dy,
@@ -254,25 +259,21 @@ __global__ void max_pool_backward_nhwc_3x3s2(
     PoolGeometry geometry) {
   const Shape<Index> g(geometry);
   const Index t = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const Element<Index> e(t, g.height, g.width, g.channels / VEC);
+  const Element<Index> e(t, g.out_height, g.out_width, g.channels / VEC);
   if (e.n >= g.n) {
     return;
   }
-  // Window p covers rows 2p-1 .. 2p+1: an even row lies in window h/2
-  // only, an odd one also in the next (if there is one). ATen's bounds.
-  const Index ph0 = e.row >> 1;
-  const Index pw0 = e.column >> 1;
-  const int rows = (e.row & 1) && ph0 + 1 < g.out_height ? 2 : 1;
-  const int columns = (e.column & 1) && pw0 + 1 < g.out_width ? 2 : 1;
+  const bool down = e.row + 1 < g.out_height; // windows p+1 exist
+  const bool right = e.column + 1 < g.out_width; // windows q+1 exist
   BytePack<VEC> where[2][2];
   Pack<T, VEC> grad[2][2];
 #pragma unroll
   for (int a = 0; a < 2; ++a) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
-      if (a < rows && b < columns) {
+      if ((a == 0 || down) && (b == 0 || right)) {
         const Index o =
-            ((e.n * g.out_height + ph0 + a) * g.out_width + pw0 + b) *
+            ((e.n * g.out_height + e.row + a) * g.out_width + e.column + b) *
                 g.channels +
             e.group * VEC;
         where[a][b] = *reinterpret_cast<const BytePack<VEC>*>(argmax + o);
@@ -280,35 +281,49 @@ __global__ void max_pool_backward_nhwc_3x3s2(
       }
     }
   }
-  float sum[VEC];
+  // Input pixel (2p + i, 2q + j) is element (i + 1 - 2a) * 3 + (j + 1 - 2b)
+  // of window (p + a, q + b), for a <= i and b <= j; summed in ATen's
+  // order (window rows, then window columns, ascending).
 #pragma unroll
-  for (int v = 0; v < VEC; ++v) {
-    sum[v] = 0.0f;
-  }
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
-  for (int a = 0; a < 2; ++a) {
+    for (int j = 0; j < 2; ++j) {
+      const Index h = 2 * e.row + i;
+      const Index w = 2 * e.column + j;
+      if (h >= g.height || w >= g.width) {
+        continue;
+      }
+      float sum[VEC];
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      if (a < rows && b < columns) {
-        // (row, column) in window (ph0 + a, pw0 + b), whose first row is
-        // 2 (ph0 + a) - 1.
-        const auto here = static_cast<uint8_t>(
-            (e.row - 2 * (ph0 + a) + 1) * 3 + (e.column - 2 * (pw0 + b) + 1));
+      for (int v = 0; v < VEC; ++v) {
+        sum[v] = 0.0f;
+      }
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          if (where[a][b].v[v] == here) {
-            sum[v] += to_float(grad[a][b].v[v]);
+      for (int a = 0; a <= i; ++a) {
+#pragma unroll
+        for (int b = 0; b <= j; ++b) {
+          if ((a == 0 || down) && (b == 0 || right)) {
+            const auto here =
+                static_cast<uint8_t>((i + 1 - 2 * a) * 3 + (j + 1 - 2 * b));
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              if (where[a][b].v[v] == here) {
+                sum[v] += to_float(grad[a][b].v[v]);
+              }
+            }
           }
         }
       }
+      Pack<T, VEC> out;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        out.v[v] = from_float<T>(sum[v]);
+      }
+      *reinterpret_cast<Pack<T, VEC>*>(
+          dx + ((e.n * g.height + h) * g.width + w) * g.channels +
+          e.group * VEC) = out;
     }
   }
-  Pack<T, VEC> out;
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) {
-    out.v[v] = from_float<T>(sum[v]);
-  }
-  *reinterpret_cast<Pack<T, VEC>*>(dx + static_cast<Index>(t * VEC)) = out;
 }
 
 bool is_3x3s2(const PoolGeometry& g) {
@@ -384,11 +399,16 @@ cudaError_t backward(
   return dispatch(g, vector, [&](auto vec, auto index) {
     constexpr int kVec = decltype(vec)::value;
     using Index = decltype(index);
-    const auto kernel = is_3x3s2(g)
-        ? max_pool_backward_nhwc_3x3s2<T, kVec, Index>
-        : max_pool_backward_nhwc<T, kVec, Index>;
-    kernel<<<blocks(inputs / kVec), kThreads, 0, stream>>>(
-        grad, argmax, out, g);
+    if (is_3x3s2(g)) { // a thread a window
+      const int64_t windows = g.n * g.out_height * g.out_width * g.channels;
+      max_pool_backward_nhwc_3x3s2<T, kVec, Index>
+          <<<blocks(windows / kVec), kThreads, 0, stream>>>(
+              grad, argmax, out, g);
+    } else { // a thread an input pixel
+      max_pool_backward_nhwc<T, kVec, Index>
+          <<<blocks(inputs / kVec), kThreads, 0, stream>>>(
+              grad, argmax, out, g);
+    }
   });
 }
 
