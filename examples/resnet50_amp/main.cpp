@@ -52,6 +52,7 @@ struct Options {
   bool channels_last = false;
   bool fused_bn = false;
   bool no_fused_bn = false;
+  bool no_cast_weights = false;
   bool cudnn_benchmark = false;
   bool ddp = false;
   bool cuda_graph = false;
@@ -108,6 +109,10 @@ Result train(
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   const bool fused_bn = use_fused_bn(opt, device, precision);
+  // NOTE: with the fused model, single-process (under DDP it would hold
+  // every gradient back to the end of backward; see lamp/cast_weights.h).
+  const bool cast_weights =
+      fused_bn && precision.amp && !pg && !opt.no_cast_weights;
   at::globalContext().setBenchmarkCuDNN(opt.cudnn_benchmark);
   // --data: real images, fed in the autocast dtype (the first convolution
   // would cast them to it anyway).
@@ -203,6 +208,12 @@ Result train(
     {
       lamp::AutocastGuard autocast(
           device.type(), precision.dtype, precision.amp);
+      // All convolution and fc weights cast in one kernel (their gradients
+      // back in another) instead of one each.
+      std::optional<lamp::CastWeightsGuard> cast;
+      if (cast_weights) {
+        cast.emplace(*model, device.type());
+      }
       out = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(out).backward();
@@ -335,6 +346,7 @@ Result train(
        {"channels_last", opt.channels_last},
        {"cudnn_benchmark", opt.cudnn_benchmark},
        {"fused_bn", fused_bn},
+       {"cast_weights", cast_weights},
        {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
        {"images_per_s", result.images_per_s},
@@ -375,6 +387,12 @@ int main(int argc, char** argv) {
       "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
       "same unfused ops elsewhere (default: on for CUDA channels-last "
       "fp16/bf16)");
+  app.add_flag(
+      "--no-cast-weights",
+      opt.no_cast_weights,
+      "let autocast cast each weight where it is used (default with the "
+      "fused model, single process: lamp::CastWeightsGuard casts them all "
+      "in one kernel)");
   app.add_flag(
       "--cudnn-benchmark",
       opt.cudnn_benchmark,

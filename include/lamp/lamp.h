@@ -5,6 +5,7 @@
 
 #include <lamp/autocast.h>
 #include <lamp/build_info.h>
+#include <lamp/cast_weights.h>
 #include <lamp/checkpoint.h>
 #include <lamp/clip_grad.h>
 #include <lamp/config.h>

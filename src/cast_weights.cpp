@@ -1,0 +1,179 @@
+#include <lamp/cast_weights.h>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_foreach_copy.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include <unordered_map>
+#include <vector>
+
+namespace lamp {
+namespace {
+
+// `from` cast to `dtype`, each tensor keeping its strides, in one
+// multi-tensor kernel where the tensors share a device and a dtype (ATen's
+// _foreach_copy_ falls back to one copy a tensor otherwise).
+std::vector<at::Tensor> cast_all(at::TensorList from, at::ScalarType dtype) {
+  std::vector<at::Tensor> to;
+  to.reserve(from.size());
+  for (const auto& t : from) {
+    to.push_back(at::empty_like(t, t.options().dtype(dtype)));
+  }
+  if (!to.empty()) {
+    at::_foreach_copy_(to, from);
+  }
+  return to;
+}
+
+// The parameters' casts as one autograd node: backward casts the gradients
+// back to fp32 together, as ToCopyBackward would one at a time.
+class CastAll : public torch::autograd::Function<CastAll> {
+ public:
+  static torch::autograd::variable_list forward(
+      torch::autograd::AutogradContext* ctx,
+      at::TensorList params,
+      at::ScalarType dtype) {
+    // NOTE: an unused output's gradient stays undefined (not zeros), so its
+    // parameter gets none, as under autocast's own casts.
+    ctx->set_materialize_grads(false);
+    return cast_all(params, dtype);
+  }
+
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* /*ctx*/,
+      torch::autograd::variable_list grads) {
+    // One gradient a parameter, then none for the dtype argument.
+    torch::autograd::variable_list out(grads.size() + 1);
+    if (at::GradMode::is_enabled()) {
+      // NOTE: backward with create_graph=true: differentiable casts, so that
+      // a double backward sees them.
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (grads[i].defined()) {
+          out[i] = grads[i].to(at::kFloat);
+        }
+      }
+      return out;
+    }
+    std::vector<size_t> where;
+    std::vector<at::Tensor> defined;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].defined()) {
+        where.push_back(i);
+        defined.push_back(grads[i]);
+      }
+    }
+    auto cast = cast_all(defined, at::kFloat);
+    for (size_t k = 0; k < where.size(); ++k) {
+      out[where[k]] = std::move(cast[k]);
+    }
+    return out;
+  }
+};
+
+// The weight and bias members of the module kinds whose ops autocast runs
+// in the lower precision (nullptrs for other modules).
+std::vector<at::Tensor*> cast_members(torch::nn::Module& m) {
+  // NOTE: the conv modules keep weight and bias in ConvNdImpl<D, Derived>,
+  // a different base for each concrete type.
+  if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::Conv1dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::Conv3dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::ConvTranspose1dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::ConvTranspose2dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<torch::nn::ConvTranspose3dImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  return {};
+}
+
+} // namespace
+
+struct CastWeightsGuard::Impl {
+  struct Swap {
+    at::Tensor* member;
+    at::Tensor original;
+  };
+  std::vector<Swap> swaps;
+  size_t cast = 0;
+};
+
+CastWeightsGuard::CastWeightsGuard(
+    torch::nn::Module& model,
+    c10::DeviceType device_type)
+    : impl_(std::make_unique<Impl>()) {
+  if (!at::autocast::is_autocast_enabled(device_type)) {
+    return;
+  }
+  const auto dtype = at::autocast::get_autocast_dtype(device_type);
+  // Distinct parameters (a tensor shared by two modules is cast once), in
+  // two lists: those autograd records, and the rest.
+  std::vector<at::Tensor> tracked;
+  std::vector<at::Tensor> untracked;
+  // Per member: which list, and where in it.
+  std::vector<std::pair<bool, size_t>> place;
+  std::unordered_map<const c10::TensorImpl*, std::pair<bool, size_t>> seen;
+  const bool grad_mode = at::GradMode::is_enabled();
+  for (const auto& module : model.modules(/*include_self=*/true)) {
+    for (at::Tensor* member : cast_members(*module)) {
+      const at::Tensor& t = *member;
+      if (!t.defined() || t.scalar_type() != at::kFloat ||
+          t.device().type() != device_type) {
+        continue;
+      }
+      auto [it, fresh] = seen.try_emplace(t.unsafeGetTensorImpl());
+      if (fresh) {
+        const bool track = grad_mode && t.requires_grad();
+        auto& list = track ? tracked : untracked;
+        it->second = {track, list.size()};
+        list.push_back(t);
+      }
+      impl_->swaps.push_back({member, t});
+      place.push_back(it->second);
+    }
+  }
+  std::vector<at::Tensor> tracked_casts;
+  if (!tracked.empty()) {
+    // NOTE: a TensorList, so that autograd sees each parameter as an input
+    // (a std::vector argument would be opaque to it).
+    tracked_casts = CastAll::apply(at::TensorList(tracked), dtype);
+  }
+  std::vector<at::Tensor> untracked_casts;
+  {
+    const at::NoGradGuard no_grad;
+    untracked_casts = cast_all(untracked, dtype);
+  }
+  for (size_t i = 0; i < impl_->swaps.size(); ++i) {
+    const auto [track, k] = place[i];
+    *impl_->swaps[i].member = track ? tracked_casts[k] : untracked_casts[k];
+  }
+  impl_->cast = tracked.size() + untracked.size();
+}
+
+CastWeightsGuard::~CastWeightsGuard() {
+  for (auto& swap : impl_->swaps) {
+    *swap.member = std::move(swap.original);
+  }
+}
+
+size_t CastWeightsGuard::size() const {
+  return impl_->cast;
+}
+
+} // namespace lamp
