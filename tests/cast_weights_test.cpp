@@ -241,8 +241,13 @@ TEST_F(CastWeightsGpu, EqualsAutocastBitForBit) {
 // without it: the same bits).
 TEST_F(CastWeightsGpu, ReplaysEqualEagerSteps) {
   struct Trainer {
-    Trainer() {
+    // NOTE: the same initial weights in each trainer (members are built
+    // before the constructor's body runs).
+    static Net seeded() {
       torch::manual_seed(2);
+      return Net();
+    }
+    Trainer() {
       net->to(torch::kCUDA);
       optimizer = std::make_unique<lamp::optim::FusedSGD>(
           net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -262,7 +267,7 @@ TEST_F(CastWeightsGpu, ReplaysEqualEagerSteps) {
       optimizer->step();
       return loss.detach();
     }
-    Net net;
+    Net net = seeded();
     std::unique_ptr<lamp::optim::FusedSGD> optimizer;
   };
   torch::manual_seed(3);
