@@ -176,11 +176,13 @@ __global__ void max_pool_backward_nhwc(
 }
 
 // The same two kernels for 3x3 windows, stride 2, padding 1 (ResNet's, and
-// most networks' stem pool), with the window unrolled: every load of a
-// window is issued before the first comparison, where the general kernels'
-// runtime-bounded loops wait for each load in turn (and diverge in the
-// backward, whose threads cover one or two windows a row). Same order of
-// comparisons and sums as above, so the same bits.
+// most networks' stem pool). Forward with the window unrolled: every load
+// of a window is issued before the first comparison, where the general
+// kernel's runtime-bounded loops wait for each load in turn. Backward a
+// thread a window (below), where the general kernel's threads, one an input
+// pixel, load each window up to four times and loop over one or two windows
+// a row (diverging). Same order of comparisons and sums as above, so the
+// same bits.
 template <typename T, int VEC, typename Index>
 __global__ void max_pool_forward_nhwc_3x3s2(
     const T* __restrict__ x,
