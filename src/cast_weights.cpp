@@ -75,7 +75,7 @@ class CastAll : public torch::autograd::Function<CastAll> {
 };
 
 // The weight and bias members of the module kinds whose ops autocast runs
-// in the lower precision (nullptrs for other modules).
+// in the lower precision (none for other modules).
 std::vector<at::Tensor*> cast_members(torch::nn::Module& m) {
   // NOTE: the conv modules keep weight and bias in ConvNdImpl<D, Derived>,
   // a different base for each concrete type.
