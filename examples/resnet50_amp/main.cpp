@@ -214,6 +214,9 @@ Result train(
       if (cast_weights) {
         cast.emplace(*model, device.type());
       }
+      // Every BatchNormAct2d's num_batches_tracked += 1 in one kernel, not
+      // one each (nothing to count in the unfused model).
+      lamp::nn::BatchCountGuard count_batches(*model);
       out = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(out).backward();

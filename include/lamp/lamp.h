@@ -15,6 +15,7 @@
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
 #include <lamp/nn/avg_pool.h>
+#include <lamp/nn/batch_count.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>

@@ -273,7 +273,9 @@ torch::Tensor BatchNormAct2dImpl::forward(
         ": momentum = None (a cumulative average) reads num_batches_tracked "
         "on the host every training step, which a CUDA graph cannot "
         "capture; give a momentum (BatchNormAct2dOptions::momentum)");
-    {
+    if (deferred_count_.calls != nullptr && options.momentum().has_value()) {
+      ++*deferred_count_.calls; // lamp::nn::BatchCountGuard adds it later
+    } else {
       torch::NoGradGuard no_grad;
       num_batches_tracked.add_(1);
     }

@@ -114,6 +114,21 @@ class LAMP_API BatchNormAct2dImpl
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(torch::Tensor())})
+
+ private:
+  friend class BatchCountGuard;
+  /// Where a `BatchCountGuard` counts this module's training forwards
+  /// instead of adding to `num_batches_tracked` (null: no guard). A copy
+  /// (`clone()`) starts without one: it is not in the guard's list.
+  struct DeferredCount {
+    int64_t* calls = nullptr;
+    DeferredCount() = default;
+    DeferredCount(const DeferredCount& /*other*/) {}
+    DeferredCount& operator=(const DeferredCount& /*other*/) {
+      return *this;
+    }
+  };
+  DeferredCount deferred_count_;
 };
 
 /// A `ModuleHolder` of `BatchNormAct2dImpl`, as `torch::nn::BatchNorm2d`.
