@@ -4,6 +4,7 @@
 #include <lamp/distributed.h>
 #include <lamp/optim.h>
 
+#include "amp/non_finite_check.h"
 #include "multi_tensor.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -192,6 +193,14 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     });
     const auto& inv = replica(
         inv_scales, group.device, [&] { return on(inv_scale, group.device); });
+    if (inv_scale.is_same(ones_)) {
+      // Only the check (the fused optimizer unscales): a read-only kernel
+      // where it can, ATen's unscale by 1 for what it leaves.
+      group.grads = detail::check_non_finite(group.grads, found_inf);
+      if (group.grads.empty()) {
+        continue;
+      }
+    }
     detail::launch_multi_tensor({&group.grads}, nullptr, [&] {
       at::_amp_foreach_non_finite_check_and_unscale_(
           group.grads, found_inf, inv);
