@@ -17,14 +17,26 @@ namespace {
 // `from` cast to `dtype`, each tensor keeping its strides, in one
 // multi-tensor kernel where the tensors share a device and a dtype (ATen's
 // _foreach_copy_ falls back to one copy a tensor otherwise).
+//
+// NOTE: its fast path wants every tensor dense and each pair with the same
+// strides; one gradient that is a view with gaps (the weight of
+// lamp::nn::padded_conv2d gets the first channels of a padded weight's)
+// would send all of them down the slow path, one copy kernel each. Such a
+// source is made dense first: one small copy for it alone.
 std::vector<at::Tensor> cast_all(at::TensorList from, at::ScalarType dtype) {
+  std::vector<at::Tensor> dense;
   std::vector<at::Tensor> to;
+  dense.reserve(from.size());
   to.reserve(from.size());
   for (const auto& t : from) {
-    to.push_back(at::empty_like(t, t.options().dtype(dtype)));
+    dense.push_back(
+        t.is_non_overlapping_and_dense()
+            ? t
+            : t.contiguous(t.suggest_memory_format()));
+    to.push_back(at::empty_like(dense.back(), t.options().dtype(dtype)));
   }
   if (!to.empty()) {
-    at::_foreach_copy_(to, from);
+    at::_foreach_copy_(to, dense);
   }
   return to;
 }

@@ -4,11 +4,13 @@
 #include <lamp/autocast.h>
 #include <lamp/cast_weights.h>
 #include <lamp/cuda_graph.h>
+#include <lamp/nn/padded_conv.h>
 #include <lamp/optim.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -239,6 +241,46 @@ TEST_F(CastWeightsGpu, EqualsAutocastBitForBit) {
 
 // Inside a GraphedStep: the replays equal eager steps with the guard (and
 // without it: the same bits).
+// A gradient with gaps (padded_conv2d's weight gets the first 3 of the
+// padded weight's 4 channels) is cast like the others, to the same values.
+TEST_F(CastWeightsGpu, AGradientWithGapsIsCastToo) {
+  torch::manual_seed(0);
+  auto stem = torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(3, 8, 7).stride(2).padding(3).bias(false));
+  auto head = torch::nn::Conv2d(8, 4, 3);
+  torch::nn::Sequential net(stem, head);
+  net->to(torch::kCUDA);
+  for (auto& p : net->parameters()) {
+    p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  const auto x = torch::randn({2, 3, 32, 32}, torch::kCUDA)
+                     .contiguous(torch::MemoryFormat::ChannelsLast);
+  auto run = [&](bool guard) {
+    net->zero_grad();
+    torch::Tensor out;
+    {
+      lamp::AutocastGuard autocast(torch::kCUDA);
+      std::optional<lamp::CastWeightsGuard> cast;
+      if (guard) {
+        cast.emplace(*net);
+      }
+      out =
+          head(torch::relu(lamp::nn::padded_conv2d(x, stem->weight, {}, 2, 3)));
+    }
+    out.to(torch::kFloat).pow(2).sum().backward();
+    return std::vector<torch::Tensor>{
+        out.detach(),
+        stem->weight.grad().clone(),
+        head->weight.grad().clone(),
+        head->bias.grad().clone()};
+  };
+  const auto plain = run(false);
+  const auto cast = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::equal(cast[i], plain[i])) << "tensor #" << i;
+  }
+}
+
 TEST_F(CastWeightsGpu, ReplaysEqualEagerSteps) {
   struct Trainer {
     // NOTE: the same initial weights in each trainer (members are built
