@@ -19,8 +19,8 @@ namespace {
 // _foreach_copy_ falls back to one copy a tensor otherwise).
 //
 // NOTE: its fast path wants every tensor dense and each pair with the same
-// strides; one gradient that is a view with gaps (the weight of
-// lamp::nn::padded_conv2d gets the first channels of a padded weight's)
+// strides; one gradient that is a view with gaps (a weight padded with
+// zero channels by torch::cat gets a slice of the padded one's gradient)
 // would send all of them down the slow path, one copy kernel each. Such a
 // source is made dense first: one small copy for it alone.
 std::vector<at::Tensor> cast_all(at::TensorList from, at::ScalarType dtype) {

@@ -9,6 +9,8 @@
 #include <torch/cuda.h>
 
 #if LAMP_WITH_CUDA
+#include "graph/memset_nodes.h"
+
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -66,6 +68,7 @@ struct GraphedStep::Impl {
 #if LAMP_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  size_t memsets = 0; // memset nodes of the graph made kernels
   at::cuda::MempoolId_t pool{0, 0}; // the graph's private memory pool
 #endif
 
@@ -172,7 +175,9 @@ struct GraphedStep::Impl {
     // NOTE: as torch.cuda.graph: the capture starts from an idle device, so
     // that the capturing stream needs no event from outside the capture.
     torch::cuda::synchronize();
-    graph = std::make_unique<at::cuda::CUDAGraph>();
+    // NOTE: keep_graph: capture_end leaves the graph uninstantiated, so
+    // that its memset nodes can become kernels first (Note [Memset nodes]).
+    graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
     c10::cuda::CUDAStreamGuard on_side(*side);
     // NOTE: our own pool id: a failed capture cannot tell its pool.
     pool = at::cuda::graph_pool_handle();
@@ -222,6 +227,24 @@ struct GraphedStep::Impl {
         loss.defined(),
         "lamp::GraphedStep: the step returned an undefined tensor; return "
         "the loss.");
+    if (options.memset_kernels()) {
+      const c10::cuda::CUDAGuard on_device(side->device_index());
+      const cudaError_t error =
+          detail::replace_memset_nodes(graph->raw_cuda_graph(), &memsets);
+      if (error != cudaSuccess) {
+        (void)cudaGetLastError();
+        graph.reset();
+        loss = torch::Tensor();
+        TORCH_CHECK(
+            false,
+            "lamp::GraphedStep: turning the captured graph's memset nodes "
+            "into kernels failed: ",
+            cudaGetErrorString(error),
+            ". GraphedStepOptions().memset_kernels(false) leaves them as "
+            "they are.");
+      }
+    }
+    graph->instantiate();
   }
 
   // Leaves capture mode after a failed capture so that the stream and the
@@ -405,6 +428,14 @@ bool GraphedStep::is_captured() const {
 
 const std::vector<torch::Tensor>& GraphedStep::static_inputs() const {
   return impl_->inputs;
+}
+
+size_t GraphedStep::memset_kernels() const {
+#if LAMP_WITH_CUDA
+  return impl_->graph ? impl_->memsets : 0;
+#else
+  return 0;
+#endif
 }
 
 } // namespace lamp

@@ -10,15 +10,14 @@
 // bn2, bn3 of each bottleneck, bn3 with the residual add) is one
 // lamp::nn::BatchNormAct2d: cuDNN's fused kernels for channels-last fp16/bf16
 // training on CUDA, the same unfused ops elsewhere; the stem's max pooling is
-// lamp::nn::max_pool2d, its convolution lamp::nn::padded_conv2d, each
-// bottleneck's conv1 lamp::nn::conv1x1_and_shortcut and the head's pooling
+// lamp::nn::max_pool2d, each bottleneck's conv1
+// lamp::nn::conv1x1_and_shortcut and the head's pooling
 // lamp::nn::global_avg_pool2d. Names, parameters and results do not change.
 
 #include <lamp/nn/avg_pool.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
-#include <lamp/nn/padded_conv.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -149,12 +148,7 @@ struct ResNet50Impl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    // With fused_bn the RGB image and conv1's weight get a zero fourth
-    // channel, so cuDNN does not pad them itself, forward and backward
-    // (lamp/nn/padded_conv.h).
-    x = fused_bn_ ? lamp::nn::padded_conv2d(x, conv1->weight, {}, 2, 3)
-                  : conv1(x);
-    x = bn1(x); // relu(bn1(conv1(x)))
+    x = bn1(conv1(x)); // relu(bn1(conv1(x)))
     // With fused_bn also lamp's max pooling, which keeps a byte per output
     // element, not an int64 index (lamp/nn/max_pool.h).
     x = fused_bn_ ? lamp::nn::max_pool2d(x, 3, 2, 1)

@@ -19,6 +19,5 @@
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
-#include <lamp/nn/padded_conv.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>
