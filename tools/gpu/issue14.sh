@@ -7,7 +7,7 @@
 # Run from the repository root on the device:  OUT=<dir> tools/gpu/issue14.sh
 # Writes to $OUT (each file as soon as its step ends):
 #   build.log          configure + build output (and nvidia-smi, cuDNN found)
-#   ctest.log          ctest -R 'BatchNormAct|MaxPool|GlobalAvgPool|ConvShortcut|CastWeights|ResNet50|resnet50_amp.cuda' -V
+#   ctest.log          ctest -R 'BatchNormAct|BatchCount|NonFinite|MemsetNodes|MaxPool|...' -V
 #   trace_summary.txt  GPU time per kernel category, fused vs unfused
 #   traces.tar.gz      the two Chrome traces (open in ui.perfetto.dev)
 #   bench.md           compare.py --fused-bn table (bs256/64, fp16/bf16)
@@ -40,7 +40,7 @@ if [ $status -ne 0 ]; then
 fi
 
 say "tests"
-(cd "$B" && timeout 200 ctest -R 'BatchNormAct|MaxPool|GlobalAvgPool|ConvShortcut|CastWeights|ResNet50|resnet50_amp.cuda' \
+(cd "$B" && timeout 200 ctest -R 'BatchNormAct|BatchCount|NonFinite|MemsetNodes|MaxPool|GlobalAvgPool|ConvShortcut|CastWeights|ResNet50|resnet50_amp.cuda' \
   -V --timeout 240) > "$OUT/ctest.log" 2>&1
 status=$?
 grep -E "^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|\*\*\*|peak memory|mean \|fused" \
