@@ -44,73 +44,55 @@ __global__ void __launch_bounds__(kThreads) memset_kernel(
 
 // The graph API's edge lists: CUDA 13 has edge data on every call (12.3+
 // as the _v2 functions); a captured graph's edges are the default ones.
+// `query`: cudaGraphNodeGetDependencies or cudaGraphNodeGetDependentNodes.
 #if CUDART_VERSION >= 13000
-cudaError_t dependencies(
+using Edge = cudaGraphEdgeData;
+template <typename Query>
+cudaError_t neighbours(
+    Query query,
     cudaGraphNode_t node,
     std::vector<cudaGraphNode_t>& nodes,
-    std::vector<cudaGraphEdgeData>& edges) {
+    std::vector<Edge>& edges) {
   size_t n = 0;
-  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n);
+  cudaError_t e = query(node, nullptr, nullptr, &n);
   if (e != cudaSuccess) {
     return e;
   }
   nodes.resize(n);
   edges.resize(n);
-  return cudaGraphNodeGetDependencies(node, nodes.data(), edges.data(), &n);
-}
-cudaError_t dependents(
-    cudaGraphNode_t node,
-    std::vector<cudaGraphNode_t>& nodes,
-    std::vector<cudaGraphEdgeData>& edges) {
-  size_t n = 0;
-  cudaError_t e = cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n);
-  if (e != cudaSuccess) {
-    return e;
-  }
-  nodes.resize(n);
-  edges.resize(n);
-  return cudaGraphNodeGetDependentNodes(node, nodes.data(), edges.data(), &n);
+  return query(node, nodes.data(), edges.data(), &n);
 }
 cudaError_t add_edges(
     cudaGraph_t graph,
     const std::vector<cudaGraphNode_t>& from,
     const std::vector<cudaGraphNode_t>& to,
-    const std::vector<cudaGraphEdgeData>& edges) {
+    const std::vector<Edge>& edges) {
   return from.empty()
       ? cudaSuccess
       : cudaGraphAddDependencies(
             graph, from.data(), to.data(), edges.data(), from.size());
 }
 #else
-cudaError_t dependencies(
+using Edge = int; // no edge data before CUDA 13 (without the _v2 calls)
+template <typename Query>
+cudaError_t neighbours(
+    Query query,
     cudaGraphNode_t node,
     std::vector<cudaGraphNode_t>& nodes,
-    std::vector<int>& /*edges*/) {
+    std::vector<Edge>& /*edges*/) {
   size_t n = 0;
-  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, &n);
+  cudaError_t e = query(node, nullptr, &n);
   if (e != cudaSuccess) {
     return e;
   }
   nodes.resize(n);
-  return cudaGraphNodeGetDependencies(node, nodes.data(), &n);
-}
-cudaError_t dependents(
-    cudaGraphNode_t node,
-    std::vector<cudaGraphNode_t>& nodes,
-    std::vector<int>& /*edges*/) {
-  size_t n = 0;
-  cudaError_t e = cudaGraphNodeGetDependentNodes(node, nullptr, &n);
-  if (e != cudaSuccess) {
-    return e;
-  }
-  nodes.resize(n);
-  return cudaGraphNodeGetDependentNodes(node, nodes.data(), &n);
+  return query(node, nodes.data(), &n);
 }
 cudaError_t add_edges(
     cudaGraph_t graph,
     const std::vector<cudaGraphNode_t>& from,
     const std::vector<cudaGraphNode_t>& to,
-    const std::vector<int>& /*edges*/) {
+    const std::vector<Edge>& /*edges*/) {
   return from.empty()
       ? cudaSuccess
       : cudaGraphAddDependencies(graph, from.data(), to.data(), from.size());
@@ -120,11 +102,6 @@ cudaError_t add_edges(
 } // namespace
 
 cudaError_t replace_memset_nodes(cudaGraph_t graph, size_t* replaced) {
-#if CUDART_VERSION >= 13000
-  using Edge = cudaGraphEdgeData;
-#else
-  using Edge = int;
-#endif
   *replaced = 0;
   size_t n = 0;
   cudaError_t e = cudaGraphGetNodes(graph, nullptr, &n);
@@ -174,8 +151,12 @@ cudaError_t replace_memset_nodes(cudaGraph_t graph, size_t* replaced) {
     k.gridDim = dim3(blocks);
     k.blockDim = dim3(kThreads);
     k.kernelParams = args;
-    if ((e = dependencies(node, before, before_edges)) != cudaSuccess ||
-        (e = dependents(node, after, after_edges)) != cudaSuccess) {
+    if ((e = neighbours(
+             cudaGraphNodeGetDependencies, node, before, before_edges)) !=
+            cudaSuccess ||
+        (e = neighbours(
+             cudaGraphNodeGetDependentNodes, node, after, after_edges)) !=
+            cudaSuccess) {
       return e;
     }
     cudaGraphNode_t kernel = nullptr;
