@@ -1,23 +1,31 @@
 // Images/s of lamp::data::ImageLoader alone (no model): the training
 // transform (RandomResizedCrop(224) + flip + ImageNet normalisation) of an
 // ImageFolder, delivered as fp16 channels-last batches on the GPU (or fp32
-// on the CPU), with CPU (libjpeg-turbo) or GPU (nvJPEG) decode.
+// on the CPU), with CPU (libjpeg-turbo), GPU (nvJPEG) or both at once.
 // benchmarks/image_loader.py times torchvision's ImageFolder + DataLoader on
 // the same folder; benchmarks/make_jpegs.py writes one.
 //
-//   image_loader --data DIR [--device cuda] [--gpu-decode] [--threads 16]
-//                [--batch-size 256] [--batches 200]
+//   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
+//                [--no-partial-decode] [--threads 16] [--batch-size 256]
+//                [--batches 200]
 //
-// Prints one JSON line: images/s over the timed batches, and the process's
-// CPU time per image (cores busy per 1,000 images/s).
+// Prints one JSON line: images/s over the timed batches, the process's CPU
+// time per image (cores busy per 1,000 images/s), the share of the images
+// the GPU decoded and the loader's peak GPU memory.
 
 #include <lamp/data.h>
 
 #include <CLI/CLI.hpp>
+#include <lamp/config.h>
 #include <torch/torch.h>
+
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -36,7 +44,8 @@ double cpu_seconds() {
 int main(int argc, char** argv) {
   std::string dir;
   std::string device = "cuda";
-  bool gpu_decode = false;
+  std::string decode = "auto";
+  bool whole = false;
   int64_t threads = 16;
   int64_t batch_size = 256;
   int64_t batches = 200;
@@ -44,7 +53,13 @@ int main(int argc, char** argv) {
   CLI::App app{"lamp::data::ImageLoader throughput"};
   app.add_option("--data", dir, "an ImageFolder root")->required();
   app.add_option("--device", device, "cpu or cuda")->capture_default_str();
-  app.add_flag("--gpu-decode", gpu_decode, "nvJPEG decode");
+  app.add_option("--decode", decode, "cpu, gpu (nvJPEG) or auto (both)")
+      ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+      ->capture_default_str();
+  app.add_flag_callback(
+      "--gpu-decode", [&] { decode = "gpu"; }, "the same as --decode gpu");
+  app.add_flag(
+      "--no-partial-decode", whole, "decode whole JPEGs, not just the crop");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str();
   app.add_option("--batches", batches, "timed batches")->capture_default_str();
@@ -62,7 +77,11 @@ int main(int argc, char** argv) {
           .channels_last(true)
           .num_threads(threads)
           .prefetch(3)
-          .gpu_decode(gpu_decode)
+          .decode(
+              decode == "cpu"       ? lamp::data::ImageDecode::kCpu
+                  : decode == "gpu" ? lamp::data::ImageDecode::kGpu
+                                    : lamp::data::ImageDecode::kAuto)
+          .partial_decode(!whole)
           .drop_last(true));
   int64_t epoch = 0;
   loader.set_epoch(epoch);
@@ -80,6 +99,8 @@ int main(int argc, char** argv) {
   if (dev.is_cuda()) {
     torch::cuda::synchronize();
   }
+  const int64_t gpu0 = loader.gpu_decoded_images();
+  const int64_t cpu_images0 = loader.cpu_decoded_images();
   const double cpu0 = cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   torch::Tensor last;
@@ -94,15 +115,31 @@ int main(int argc, char** argv) {
           .count();
   const double images = static_cast<double>(batches * batch_size);
   const double cpu = cpu_seconds() - cpu0;
+  const double gpu_images =
+      static_cast<double>(loader.gpu_decoded_images() - gpu0);
+  const double cpu_images =
+      static_cast<double>(loader.cpu_decoded_images() - cpu_images0);
+  double peak_gib = 0;
+#if LAMP_WITH_CUDA
+  if (dev.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        c10::cuda::current_device());
+    peak_gib = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 30);
+  }
+#endif
   std::printf(
-      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"threads\": %lld, "
-      "\"batch_size\": %lld, \"images_per_s\": %.1f, "
-      "\"cores_per_1000_images_per_s\": %.2f, \"checksum\": %.4f}\n",
-      gpu_decode ? "gpu" : "cpu",
+      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, "
+      "\"threads\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
+      "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
+      "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
+      decode.c_str(),
+      whole ? "false" : "true",
       static_cast<long long>(threads),
       static_cast<long long>(batch_size),
       images / s,
       cpu / s / (images / s / 1000.0),
+      gpu_images / std::max(1.0, gpu_images + cpu_images),
+      peak_gib,
       last.to(torch::kFloat).mean().item<double>());
   return 0;
 }

@@ -4,9 +4,12 @@ ToTensor + Normalize on PIL images in worker processes, pinned batches copied
 to the GPU and cast to fp16 channels-last there.
 
   python benchmarks/image_loader.py --data DIR [--workers 16]
+  python benchmarks/image_loader.py --data DIR --decode-jpeg-cuda
 
 Prints one JSON line (images/s, CPU cores busy per 1,000 images/s counting
-the worker processes).
+the worker processes). --decode-jpeg-cuda times decoding alone instead:
+torchvision.io.decode_jpeg(device="cuda") on batches of the folder's RGB
+and greyscale JPEGs, read into memory first (no crop, resize or copy).
 """
 
 import argparse
@@ -26,6 +29,32 @@ def cpu_seconds():
     return total
 
 
+def decode_jpeg_cuda(a):
+    from PIL import Image
+    from torchvision.io import decode_jpeg, read_file
+
+    files = [path for path, _ in datasets.ImageFolder(a.data).samples]
+    data = []
+    for path in files:
+        with Image.open(path) as img:
+            if img.format == "JPEG" and img.mode in ("RGB", "L"):
+                data.append(read_file(path))
+    batches = [data[i:i + a.batch_size]
+               for i in range(0, len(data) - a.batch_size + 1, a.batch_size)]
+    for k in range(a.warmup):
+        decode_jpeg(batches[k % len(batches)], device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for k in range(a.batches):
+        decode_jpeg(batches[k % len(batches)], device="cuda")
+    torch.cuda.synchronize()
+    s = time.perf_counter() - start
+    print(json.dumps({"impl": "torchvision.io.decode_jpeg", "decode": "cuda",
+                      "batch_size": a.batch_size, "decode_only": True,
+                      "images_per_s":
+                          round(a.batches * a.batch_size / s, 1)}))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
@@ -37,7 +66,10 @@ def main():
     # queued gave an inflated rate and almost no worker CPU time).
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--decode-jpeg-cuda", action="store_true")
     a = p.parse_args()
+    if a.decode_jpeg_cuda:
+        return decode_jpeg_cuda(a)
     t = transforms.Compose([
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -36,6 +37,21 @@ struct Precision {
   bool amp;
   c10::ScalarType dtype;
 };
+
+/// What an example does with an exception that training threw (a bad
+/// image, an I/O error, a NCCL error...): "<program>: <message>" on one line
+/// of stderr, then exit status 1 (no abort, no backtrace). Checkpoints
+/// written before it stay as they were.
+inline int report_failure(const char* program, const std::exception& e) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  std::string message = error ? error->what_without_backtrace() : e.what();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  while (!message.empty() && message.back() == ' ') {
+    message.pop_back();
+  }
+  std::cerr << program << ": " << message << "\n";
+  return 1;
+}
 
 inline Precision precision(const std::string& name) {
   if (name == "fp16") {

@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "data/image_decoder_detail.h"
 #include "support.h"
 
 namespace {
@@ -72,7 +73,9 @@ TEST_F(ImageDecoder, JpegPixelsEqualPillows) {
         "progressive.jpg",
         "odd_17x33.jpg",
         "one_pixel.jpg",
-        "gray.jpg"}) {
+        "gray.jpg",
+        "cmyk.jpg",
+        "wide_4000.jpg"}) {
     const auto want = expected(name);
     const auto got = decode_image(path(name));
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
@@ -147,6 +150,131 @@ TEST_F(ImageDecoder, TruncatedAndCorruptFilesAreErrorsNamingTheFile) {
   lamp::test::expect_error(
       [&] { decode_image(path("missing.jpg")); }, "cannot open");
   lamp::test::expect_error([&] { decode_image(dir_); }, "not a regular file");
+}
+
+TEST_F(ImageDecoder, AFailedFileLeavesNothingBehind) {
+  // One thread, as a decode thread: a file libjpeg refuses, then good ones.
+  const auto good = read_file(path("q90_420.jpg"));
+  const auto bogus = lamp::test::with_bogus_huffman_table(good);
+  for (int k = 0; k < 3; ++k) {
+    lamp::test::expect_error(
+        [&] { decode_image(bogus.data(), bogus.size(), "bogus.jpg"); },
+        "'bogus.jpg' is not a readable JPEG (libjpeg: Bogus Huffman table");
+    lamp::test::expect_error(
+        [&] { lamp::data::image_size(bogus.data(), bogus.size(), "b.jpg"); },
+        "Bogus Huffman table");
+    for (const char* name : {"q90_420.jpg", "progressive.jpg", "cmyk.jpg"}) {
+      EXPECT_TRUE(torch::equal(decode_image(path(name)), expected(name)))
+          << name << " after a bad file";
+    }
+    const std::vector<uint8_t> half(
+        good.begin(), good.begin() + good.size() / 2);
+    lamp::test::expect_error(
+        [&] { decode_image(half.data(), half.size(), "half.jpg"); },
+        "Premature end of JPEG file");
+  }
+}
+
+// Any crop of a JPEG decoded alone equals the same crop of the whole
+// decode: the loader decodes only a RandomResizedCrop's window.
+TEST_F(ImageDecoder, ARegionEqualsTheSameRegionOfTheWholeImage) {
+  using lamp::data::detail::decode_image_region;
+  using lamp::data::detail::ImageHeader;
+  using lamp::data::detail::read_image_header;
+  auto generator = at::detail::createCPUGenerator(5);
+  int64_t regions = 0;
+  for (const char* name :
+       {"q90_420.jpg",
+        "q75_444.jpg",
+        "q95_422.jpg",
+        "progressive.jpg",
+        "odd_17x33.jpg",
+        "gray.jpg",
+        "cmyk.jpg",
+        "wide_4000.jpg"}) {
+    const auto bytes = read_file(path(name));
+    ImageHeader header;
+    ASSERT_EQ(read_image_header(bytes.data(), bytes.size(), name, &header), "");
+    const auto whole = expected(name);
+    std::vector<lamp::data::CropBox> boxes = {
+        {0, 0, header.height, header.width},
+        {0, 0, 1, 1},
+        {header.height - 1, header.width - 1, 1, 1}};
+    for (int k = 0; k < 40; ++k) {
+      boxes.push_back(lamp::data::random_resized_crop_params(
+          header.height, header.width, generator));
+    }
+    for (const auto& box : boxes) {
+      SCOPED_TRACE(
+          std::string(name) + " box " + std::to_string(box.top) + "," +
+          std::to_string(box.left) + " " + std::to_string(box.height) + "x" +
+          std::to_string(box.width));
+      auto out = torch::full({box.height, box.width, 3}, 7, torch::kUInt8);
+      ASSERT_EQ(
+          decode_image_region(
+              bytes.data(),
+              bytes.size(),
+              name,
+              header,
+              box,
+              out.data_ptr<uint8_t>()),
+          "");
+      const auto want = whole.slice(0, box.top, box.top + box.height)
+                            .slice(1, box.left, box.left + box.width);
+      ASSERT_TRUE(torch::equal(out, want))
+          << "max difference "
+          << (out.to(torch::kInt) - want.to(torch::kInt))
+                 .abs()
+                 .max()
+                 .item<int>();
+      ++regions;
+    }
+  }
+  EXPECT_EQ(regions, 8 * 43);
+}
+
+TEST_F(ImageDecoder, ACutFileIsTruncatedWhateverTheRegion) {
+  using lamp::data::detail::decode_image_region;
+  using lamp::data::detail::ImageHeader;
+  using lamp::data::detail::read_image_header;
+  const auto bytes = read_file(path("q90_420.jpg"));
+  const std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 100);
+  ImageHeader header;
+  ASSERT_EQ(read_image_header(cut.data(), cut.size(), "cut.jpg", &header), "");
+  // The top rows are all there; the file still ends early.
+  auto out = torch::empty({10, 10, 3}, torch::kUInt8);
+  const auto problem = decode_image_region(
+      cut.data(),
+      cut.size(),
+      "cut.jpg",
+      header,
+      {0, 0, 10, 10},
+      out.data_ptr<uint8_t>());
+  EXPECT_NE(
+      problem.find("'cut.jpg' is a corrupt or truncated JPEG"),
+      std::string::npos)
+      << problem;
+}
+
+TEST_F(ImageDecoder, TooManyPixelsIsAnErrorNotAnAllocation) {
+  auto bytes = read_file(path("q90_420.jpg"));
+  // The frame header (SOF0: FF C0, length, precision, height, width) of a
+  // 20000 x 20000 image: 400 M pixels, 1.2 GB of RGB.
+  bool found = false;
+  for (size_t i = 2; i + 9 < bytes.size(); ++i) {
+    if (bytes[i] == 0xFF && bytes[i + 1] == 0xC0) {
+      for (size_t k : {i + 5, i + 7}) {
+        bytes[k] = 20000 >> 8;
+        bytes[k + 1] = 20000 & 0xFF;
+      }
+      found = true;
+      break;
+    }
+  }
+  ASSERT_TRUE(found);
+  lamp::test::expect_error(
+      [&] { decode_image(bytes.data(), bytes.size(), "huge.jpg"); },
+      "'huge.jpg' has 20000x20000 pixels, more than the 178956970");
 }
 
 } // namespace

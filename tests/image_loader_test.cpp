@@ -10,6 +10,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +58,36 @@ class ImageLoaderTest : public testing::Test {
             std::to_string(per_class) + " " + std::to_string(size) + " " +
             std::to_string(seed));
     return root;
+  }
+  // A folder of 2 x 10 images (3 PNGs among them) in which four files
+  // cannot be decoded, each in another way; returns their paths.
+  std::vector<std::string> make_bad_folder(const std::string& root) {
+    make_folder(root.substr(dir_.size() + 1), 2, 10, 40, 12);
+    const auto good = lamp::data::read_file(root + "/class_00/img_0001.jpg");
+    const std::vector<std::string> bad = {
+        root + "/class_00/img_0003.jpg", // a bogus Huffman table
+        root + "/class_00/img_0007.jpg", // half a file
+        root + "/class_01/img_0004.jpg", // text
+        root + "/class_01/img_0008.jpg"}; // empty
+    lamp::test::write_bytes(bad[0], lamp::test::with_bogus_huffman_table(good));
+    lamp::test::write_bytes(
+        bad[1], {good.begin(), good.begin() + good.size() / 2});
+    lamp::test::write_bytes(bad[2], {'h', 'e', 'l', 'l', 'o'});
+    lamp::test::write_bytes(bad[3], {});
+    return bad;
+  }
+  // Every image of an epoch, and the files the loader skipped in it.
+  static int64_t images_of(ImageLoader& loader, int64_t epoch) {
+    int64_t images = 0;
+    for (const auto& b : epoch_of(loader, epoch)) {
+      EXPECT_EQ(b.images.size(0), b.targets.size(0));
+      images += b.images.size(0);
+    }
+    return images;
+  }
+  static std::vector<std::string> sorted(std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
   }
   static std::vector<lamp::data::ImageBatch> epoch_of(
       ImageLoader& loader,
@@ -203,6 +234,89 @@ TEST_F(ImageLoaderTest, BadImagesAreErrorsOrSkipped) {
   EXPECT_EQ(lenient.skipped_images(), 1);
 }
 
+// One decode thread sees every bad file, then good ones: each bad file is
+// skipped once per epoch and no good file is lost (a decoder that kept a
+// failed state lost every later file on its thread).
+TEST_F(ImageLoaderTest, EachBadFileIsSkippedOncePerEpochAndNothingElse) {
+  const auto root = dir_ + "/data";
+  const auto bad = make_bad_folder(root);
+  ImageFolder folder(root);
+  for (int64_t threads : {1, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ImageLoader loader(
+        folder,
+        ImageLoaderOptions()
+            .batch_size(4)
+            .image_size(16)
+            .num_threads(threads)
+            .skip_bad_images(true));
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      EXPECT_EQ(images_of(loader, epoch), 20 - 4);
+      EXPECT_EQ(loader.skipped_images(), 4);
+      EXPECT_EQ(sorted(loader.skipped_paths()), bad);
+    }
+    EXPECT_EQ(loader.cpu_decoded_images(), 2 * 16); // kAuto on the CPU
+    EXPECT_EQ(loader.gpu_decoded_images(), 0);
+  }
+}
+
+TEST_F(ImageLoaderTest, ReplacedBadImagesKeepEveryBatchFull) {
+  const auto root = dir_ + "/data";
+  const auto bad = make_bad_folder(root);
+  ImageFolder folder(root);
+  ImageLoader loader(
+      folder,
+      ImageLoaderOptions()
+          .batch_size(4)
+          .image_size(16)
+          .skip_bad_images(true)
+          .replace_bad_images(true));
+  const auto batches = epoch_of(loader, 0);
+  ASSERT_EQ(batches.size(), 5u);
+  int64_t copies = 0;
+  for (const auto& b : batches) {
+    ASSERT_EQ(b.images.size(0), 4);
+    ASSERT_EQ(b.targets.size(0), 4);
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t j = i + 1; j < 4; ++j) {
+        if (torch::equal(b.images[i], b.images[j])) {
+          EXPECT_EQ(b.targets[i].item<int64_t>(), b.targets[j].item<int64_t>());
+          ++copies;
+        }
+      }
+    }
+  }
+  EXPECT_GE(copies, 4);
+  EXPECT_EQ(loader.skipped_images(), 4);
+  EXPECT_EQ(sorted(loader.skipped_paths()), bad);
+}
+
+TEST_F(ImageLoaderTest, AnIOErrorIsNeverSkipped) {
+  const auto root = make_folder("data", 2, 4, 32, 13);
+  ImageFolder folder(root);
+  const std::string gone = root + "/class_01/img_0001.jpg";
+  std::remove(gone.c_str()); // after the listing: reading it fails
+  ImageLoader loader(
+      folder,
+      ImageLoaderOptions().batch_size(8).image_size(16).skip_bad_images(true));
+  lamp::test::expect_error([&] { loader.next(); }, "cannot open '" + gone);
+}
+
+TEST_F(ImageLoaderTest, PartialDecodeGivesTheSameBatches) {
+  const auto root = make_folder("data", 2, 12, 96, 14);
+  ImageFolder folder(root);
+  auto options = ImageLoaderOptions().batch_size(8).image_size(32).seed(3);
+  ImageLoader partial(folder, options);
+  ImageLoader whole(folder, ImageLoaderOptions(options).partial_decode(false));
+  const auto a = epoch_of(partial, 1);
+  const auto b = epoch_of(whole, 1);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
+    EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets)) << k;
+  }
+}
+
 TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
   const auto root = make_folder("data", 2, 20, 32, 4);
   ImageFolder folder(root);
@@ -303,7 +417,9 @@ class ImageLoaderGpu : public ImageLoaderTest {
 TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   const auto root = make_folder("data", 3, 8, 64, 7);
   ImageFolder folder(root);
-  auto options = ImageLoaderOptions().batch_size(8).image_size(48).seed(1);
+  auto options =
+      ImageLoaderOptions().batch_size(8).image_size(48).seed(1).decode(
+          lamp::data::ImageDecode::kCpu);
   ImageLoader cpu(folder, options);
   ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
   const auto a = epoch_of(cpu, 0);
@@ -337,23 +453,68 @@ TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
                        .resize_size(56)
                        .train(train)
                        .device(torch::kCUDA);
-    ImageLoader cpu(folder, options);
-    ImageLoader gpu(folder, ImageLoaderOptions(options).gpu_decode(true));
-    const auto a = epoch_of(cpu, 0);
-    const auto b = epoch_of(gpu, 0);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t k = 0; k < a.size(); ++k) {
-      EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets));
-      // Decoders differ by a few levels (IDCT, chroma upsampling); in
-      // normalised units, 1 level is 1 / 255 / 0.225. These generated
-      // images (stripes under +-40 of per-pixel noise) are the worst case for
-      // 4:2:0 chroma upsampling: an H200 measured means of 2.8 to 4.3 levels
-      // and a maximum of 41 (nvjpeg_decoder_test.cpp bounds the decoders
-      // themselves on smoother pictures: mean about 0.4). A wrong crop, flip
-      // or channel order would be tens of levels on average.
-      const auto diff = (a[k].images - b[k].images).abs();
-      EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 6.0) << k;
-      EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 64.0) << k;
+    ImageLoader cpu(
+        folder,
+        ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kCpu));
+    for (auto decode :
+         {lamp::data::ImageDecode::kGpu, lamp::data::ImageDecode::kAuto}) {
+      ImageLoader gpu(folder, ImageLoaderOptions(options).decode(decode));
+      const auto a = epoch_of(cpu, 0);
+      const auto b = epoch_of(gpu, 0);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets));
+        // Decoders differ by a few levels (IDCT, chroma upsampling); in
+        // normalised units, 1 level is 1 / 255 / 0.225. These generated
+        // images (stripes under +-40 of per-pixel noise) are the worst case for
+        // 4:2:0 chroma upsampling: an H200 measured means of 2.8 to 4.3 levels
+        // and a maximum of 41 (nvjpeg_decoder_test.cpp bounds the decoders
+        // themselves on smoother pictures: mean about 0.4). A wrong crop, flip
+        // or channel order would be tens of levels on average.
+        const auto diff = (a[k].images - b[k].images).abs();
+        EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 6.0) << k;
+        EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 64.0) << k;
+      }
+      // kGpu: every image on the GPU; kAuto: each batch split, both used.
+      EXPECT_EQ(gpu.gpu_decoded_images() + gpu.cpu_decoded_images(), 24);
+      EXPECT_GT(gpu.gpu_decoded_images(), 0);
+      if (decode == lamp::data::ImageDecode::kAuto) {
+        EXPECT_GT(gpu.cpu_decoded_images(), 0);
+      }
+    }
+  }
+#endif
+}
+
+TEST_F(ImageLoaderGpu, BadFilesInGpuBatchesAreSkippedOncePerEpoch) {
+#if !LAMP_WITH_NVJPEG
+  GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";
+#else
+  const auto root = dir_ + "/data";
+  const auto bad = make_bad_folder(root);
+  ImageFolder folder(root);
+  for (auto decode :
+       {lamp::data::ImageDecode::kGpu, lamp::data::ImageDecode::kAuto}) {
+    for (bool replace : {false, true}) {
+      SCOPED_TRACE(
+          std::string(replace ? "replace " : "skip ") +
+          (decode == lamp::data::ImageDecode::kGpu ? "gpu" : "auto"));
+      ImageLoader loader(
+          folder,
+          ImageLoaderOptions()
+              .batch_size(4)
+              .image_size(16)
+              .num_threads(2)
+              .device(torch::kCUDA)
+              .decode(decode)
+              .skip_bad_images(true)
+              .replace_bad_images(replace));
+      for (int64_t epoch = 0; epoch < 2; ++epoch) {
+        EXPECT_EQ(images_of(loader, epoch), replace ? 20 : 20 - 4);
+        EXPECT_EQ(loader.skipped_images(), 4);
+        EXPECT_EQ(sorted(loader.skipped_paths()), bad);
+      }
+      EXPECT_GT(loader.gpu_decoded_images(), 0);
     }
   }
 #endif

@@ -59,6 +59,9 @@ def images(out_dir):
     save("odd_17x33.jpg", Image.fromarray(pattern(17, 33, 1)), quality=90)
     save("one_pixel.jpg", Image.fromarray(pattern(1, 1, 2)), quality=90)
     save("gray.jpg", rgb.convert("L"), quality=90)
+    # Pillow writes CMYK JPEGs inverted, with an Adobe marker (as Photoshop).
+    save("cmyk.jpg", rgb.convert("CMYK"), quality=90)
+    save("wide_4000.jpg", Image.fromarray(pattern(300, 4000, 4)), quality=85)
     save("rgb.png", rgb)
     save("rgba.png", rgb.convert("RGBA"))
     save("gray.png", rgb.convert("L"))

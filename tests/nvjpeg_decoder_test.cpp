@@ -13,6 +13,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 
 #if LAMP_WITH_NVJPEG
@@ -388,6 +389,63 @@ TEST_F(NvjpegDecoderGpu, CorruptFilesNameTheFile) {
     stream.synchronize();
     expect_close(out[0], good, "after errors");
     expect_close(out[1], progressive, "after errors");
+  }
+}
+
+// With `failures`, a bad file in a batch fails alone: the others decode,
+// and so does every later batch (nvJPEG's states are made anew).
+TEST_F(NvjpegDecoderGpu, ABadFileInABatchFailsAlone) {
+  using lamp::data::detail::NvjpegFailure;
+  const auto& good = oracle_file("rgb420_500x375");
+  const auto& progressive = oracle_file("rgb420_progressive_500x375");
+  const auto& cmyk = oracle_file("cmyk_64x48");
+  const auto bogus = lamp::test::with_bogus_huffman_table(good.bytes);
+  const std::vector<uint8_t> half(
+      good.bytes.begin(), good.bytes.begin() + good.bytes.size() / 2);
+  const auto stream = c10::cuda::getStreamFromPool(false, 0);
+  for (bool hardware : {true, false}) {
+    SCOPED_TRACE(hardware ? "hardware" : "cuda");
+    NvjpegDecoder decoder(0, 8, NvjpegDecoderOptions().hardware(hardware));
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::optional<NvjpegFailure>> failures;
+      const auto out = decoder.decode(
+          {good.bytes.data(),
+           bogus.data(),
+           progressive.bytes.data(),
+           half.data(),
+           cmyk.bytes.data(),
+           good.bytes.data()},
+          {good.bytes.size(),
+           bogus.size(),
+           progressive.bytes.size(),
+           half.size(),
+           cmyk.bytes.size(),
+           good.bytes.size()},
+          {"a.jpg", "bogus.jpg", "b.jpg", "half.jpg", "cmyk.jpg", "c.jpg"},
+          stream.stream(),
+          &failures);
+      ASSERT_EQ(failures.size(), 6u);
+      for (int i : {0, 2, 5}) {
+        EXPECT_FALSE(failures[i].has_value()) << failures[i]->message;
+      }
+      ASSERT_TRUE(failures[1] && failures[3] && failures[4]);
+      EXPECT_FALSE(failures[1]->unsupported);
+      EXPECT_NE(failures[1]->message.find("bogus.jpg"), std::string::npos);
+      EXPECT_FALSE(failures[3]->unsupported);
+      EXPECT_NE(failures[3]->message.find("half.jpg"), std::string::npos);
+      EXPECT_TRUE(failures[4]->unsupported);
+      EXPECT_FALSE(out[1].defined() || out[3].defined() || out[4].defined());
+      EXPECT_EQ(decoder.hardware_decoded() + decoder.cuda_decoded(), 3);
+      stream.synchronize();
+      expect_close(out[0], good, "beside bad files");
+      expect_close(out[2], progressive, "beside bad files");
+      expect_close(out[5], good, "after bad files");
+      // Alone, after them.
+      const auto next = decode(decoder, {&good, &progressive}, stream.stream());
+      stream.synchronize();
+      expect_close(next[0], good, "the batch after");
+      expect_close(next[1], progressive, "the batch after");
+    }
   }
 }
 

@@ -1,13 +1,13 @@
-// The batched crop + resize kernel of the nvJPEG path (src/data/
-// resize_batch.h) against the per-image transform it replaces
-// (transform_decoded_into: LibTorch's CUDA interpolate with antialias, then
-// round and clamp), on random images, crops and flips.
+// The loader's batch kernel (src/data/resize_batch.h) against what it
+// replaces: the per-image transform (transform_decoded_into: LibTorch's CUDA
+// interpolate with antialias, then round and clamp) on random images, crops
+// and flips, and LibTorch's normalisation, cast and memory format.
 
 #include "support.h"
 
 #include <lamp/config.h>
 
-#if LAMP_WITH_NVJPEG
+#if LAMP_WITH_CUDA
 #include "data/resize_batch.h"
 #include "data/sample_pipeline.h"
 
@@ -18,7 +18,7 @@
 
 namespace {
 
-#if LAMP_WITH_NVJPEG
+#if LAMP_WITH_CUDA
 
 using lamp::data::detail::Placement;
 using lamp::data::detail::Recipe;
@@ -76,6 +76,63 @@ TEST_F(ResizeBatchGpu, EqualsThePerImageTransform) {
   }
 }
 
+// Rows taken as they are (the CPU's), and resized ones, written normalised
+// in every dtype and layout: bit for bit LibTorch's
+// x.permute(0, 3, 1, 2).to(float).div_(255).sub_(mean).div_(std) then
+// .to(dtype, memory_format) of the uint8 rows.
+TEST_F(ResizeBatchGpu, NormalisesAsLibTorchDoes) {
+  using lamp::data::detail::Normalization;
+  using lamp::data::detail::RowSource;
+  torch::manual_seed(3);
+  Recipe recipe;
+  recipe.image_size = 40;
+  const auto cuda = torch::dtype(torch::kUInt8).device(torch::kCUDA);
+  auto rows = torch::randint(0, 256, {6, 40, 40, 3}, cuda);
+  auto image = torch::randint(0, 256, {90, 70, 3}, cuda);
+  std::vector<RowSource> sources(6);
+  for (int64_t k = 0; k < 6; ++k) {
+    sources[k].row = 5 - k;
+    if (k % 3 == 2) {
+      sources[k].image = image;
+      sources[k].placement.box = {10, 5, 60, 50};
+      sources[k].placement.flip = k == 5;
+    } else {
+      sources[k].image = rows[k];
+      sources[k].as_is = true;
+    }
+  }
+  // The uint8 rows the kernel normalises.
+  auto pixels = torch::zeros({6, 40, 40, 3}, cuda);
+  lamp::data::detail::write_rows(recipe, sources, nullptr, pixels);
+  for (int64_t k = 0; k < 6; ++k) {
+    if (sources[k].as_is) {
+      EXPECT_TRUE(torch::equal(pixels[5 - k], rows[k])) << k;
+    }
+  }
+  const Normalization normalization{
+      {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}};
+  const auto mean = torch::tensor({0.485, 0.456, 0.406}, torch::kFloat)
+                        .view({1, 3, 1, 1})
+                        .cuda();
+  const auto std = torch::tensor({0.229, 0.224, 0.225}, torch::kFloat)
+                       .view({1, 3, 1, 1})
+                       .cuda();
+  auto reference = pixels.permute({0, 3, 1, 2}).to(torch::kFloat);
+  reference.div_(255).sub_(mean).div_(std);
+  for (auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    for (auto format :
+         {torch::MemoryFormat::Contiguous, torch::MemoryFormat::ChannelsLast}) {
+      auto out = torch::empty(
+          {6, 3, 40, 40}, torch::dtype(dtype).device(torch::kCUDA), format);
+      lamp::data::detail::write_rows(recipe, sources, &normalization, out);
+      const auto want =
+          reference.to(reference.options().dtype(dtype), false, false, format);
+      EXPECT_TRUE(out.is_contiguous(format));
+      EXPECT_TRUE(torch::equal(out, want)) << dtype << " " << format;
+    }
+  }
+}
+
 TEST_F(ResizeBatchGpu, RefusesBadArguments) {
   Recipe recipe;
   auto image = torch::zeros(
@@ -117,7 +174,7 @@ TEST_F(ResizeBatchGpu, RefusesBadArguments) {
 #else
 
 TEST(ResizeBatchGpu, NotBuilt) {
-  GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG=OFF)";
+  GTEST_SKIP() << "lamp was built without CUDA (LAMP_WITH_CUDA=OFF)";
 }
 
 #endif

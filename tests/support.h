@@ -127,6 +127,35 @@ void expect_error_of(
   }
 }
 
+/// `jpeg` with its first Huffman table made impossible (16 code counts of
+/// 255 in a segment of the old length): libjpeg reads "Bogus Huffman table
+/// definition", a decoder that keeps state across files may then fail the
+/// next good file too.
+inline std::vector<uint8_t> with_bogus_huffman_table(
+    std::vector<uint8_t> jpeg) {
+  for (size_t i = 2; i + 21 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC4) {
+      // FF C4, a 2-byte length, the table's class and id, 16 counts.
+      for (size_t k = 0; k < 16; ++k) {
+        jpeg[i + 5 + k] = 0xFF;
+      }
+      return jpeg;
+    }
+  }
+  ADD_FAILURE() << "no DHT marker in the JPEG";
+  return jpeg;
+}
+
+/// Writes `bytes` to `path`.
+inline void write_bytes(
+    const std::string& path,
+    const std::vector<uint8_t>& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  std::fclose(f);
+}
+
 /// The launcher variables lamp::dist reads (torchrun, Slurm, Open MPI,
 /// PMI), which `ScopedEnv` clears.
 inline const std::vector<std::string>& launcher_variables() {

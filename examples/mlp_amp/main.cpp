@@ -489,9 +489,13 @@ int main(int argc, char** argv) {
   // NOTE: only rank 0 writes metrics and prints.
   examples::JsonLines metrics(print ? opt.metrics : "");
   std::vector<Result> results;
-  for (const auto& name : names) {
-    results.push_back(
-        train(opt, *device, pg, examples::precision(name), data, metrics));
+  try {
+    for (const auto& name : names) {
+      results.push_back(
+          train(opt, *device, pg, examples::precision(name), data, metrics));
+    }
+  } catch (const std::exception& e) {
+    return examples::report_failure("mlp_amp", e);
   }
 
   if (print && pg) {

@@ -23,7 +23,7 @@ struct DataOptions {
   std::string dir; // empty: synthetic data
   int64_t epochs = 1;
   int64_t workers = 8; // decode threads per process
-  bool gpu_decode = false;
+  std::string decode = "auto"; // cpu, gpu or auto
   bool skip_bad_images = false;
 };
 
@@ -39,18 +39,31 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
   app.add_option("--workers", o.workers, "--data: decode threads per process")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_flag(
-      "--gpu-decode", o.gpu_decode, "--data: decode JPEGs on the GPU (nvJPEG)");
+  app.add_option(
+         "--decode",
+         o.decode,
+         "--data: where JPEGs are decoded: cpu (libjpeg-turbo in the decode "
+         "threads), gpu (nvJPEG) or auto (both at once, each batch split by "
+         "their measured rates; cpu without a GPU or nvJPEG)")
+      ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+      ->capture_default_str();
+  app.add_flag_callback(
+      "--gpu-decode",
+      [&o] { o.decode = "gpu"; },
+      "--data: the same as --decode gpu");
   app.add_flag(
       "--skip-bad-images",
       o.skip_bad_images,
-      "--data: skip unreadable images (counted) instead of stopping");
+      "--data: skip images that cannot be decoded (counted per epoch) "
+      "instead of stopping; with --cuda-graph another image of the batch "
+      "takes a skipped one's place");
 }
 
 /// Top-1 and top-5 accuracy in percent.
 struct Accuracy {
   double top1 = 0;
   double top5 = 0;
+  int64_t skipped = 0; // validation images that could not be decoded
 };
 
 class ImageData {
@@ -63,27 +76,36 @@ class ImageData {
       torch::Dtype dtype,
       bool channels_last,
       int64_t seed,
+      bool full_batches,
       const std::shared_ptr<lamp::dist::ProcessGroup>& pg)
       : pg_(pg), train_set_(o.dir + "/train"), val_set_(o.dir + "/val") {
     const int64_t rank = pg ? pg->rank() : 0;
     const int64_t world = pg ? pg->world_size() : 1;
-    auto base = lamp::data::ImageLoaderOptions()
-                    .batch_size(batch_size)
-                    .image_size(image_size)
-                    .resize_size(image_size * 256 / 224)
-                    .device(device)
-                    .dtype(dtype)
-                    .channels_last(channels_last)
-                    .num_threads(o.workers)
-                    .gpu_decode(o.gpu_decode)
-                    .skip_bad_images(o.skip_bad_images)
-                    .rank(rank)
-                    .world_size(world)
-                    .seed(static_cast<uint64_t>(seed));
-    // NOTE: full batches only in training, so a CUDA graph's static inputs
-    // always fit; validation sees every image.
+    auto base =
+        lamp::data::ImageLoaderOptions()
+            .batch_size(batch_size)
+            .image_size(image_size)
+            .resize_size(image_size * 256 / 224)
+            .device(device)
+            .dtype(dtype)
+            .channels_last(channels_last)
+            .num_threads(o.workers)
+            .decode(
+                o.decode == "cpu"       ? lamp::data::ImageDecode::kCpu
+                    : o.decode == "gpu" ? lamp::data::ImageDecode::kGpu
+                                        : lamp::data::ImageDecode::kAuto)
+            .skip_bad_images(o.skip_bad_images)
+            .rank(rank)
+            .world_size(world)
+            .seed(static_cast<uint64_t>(seed));
+    // NOTE: full batches only in training (drop_last; and with a CUDA
+    // graph, whose static inputs have one size, a skipped image's row holds
+    // another image of the batch), so that every step takes one batch and
+    // the loader's position follows the step; validation sees every image.
     train_.emplace(
-        train_set_, lamp::data::ImageLoaderOptions(base).drop_last(true));
+        train_set_,
+        lamp::data::ImageLoaderOptions(base).drop_last(true).replace_bad_images(
+            full_batches));
     val_.emplace(
         val_set_,
         lamp::data::ImageLoaderOptions(base).train(false).shuffle(false));
@@ -117,26 +139,20 @@ class ImageData {
     train_->seek(step / steps_per_epoch(), step % steps_per_epoch());
   }
 
-  /// The batch of step `step` (0-based). Batches shortened by skipped bad
-  /// images are passed over when `full_only` (a CUDA graph).
-  lamp::data::ImageBatch next(bool full_only) {
+  /// The next training batch (the next epoch's first after the last).
+  lamp::data::ImageBatch next() {
     while (true) {
       auto batch = train_->next();
-      if (!batch) {
-        train_->set_epoch(train_->epoch() + 1);
-        continue;
+      if (batch) {
+        return std::move(*batch);
       }
-      if (full_only &&
-          batch->images.size(0) != train_->options().batch_size()) {
-        continue;
-      }
-      return std::move(*batch);
+      train_->set_epoch(train_->epoch() + 1);
     }
   }
 
-  /// Images skipped as unreadable so far (training and validation).
+  /// Training images skipped in the current epoch, as cannot be decoded.
   int64_t skipped() const {
-    return train_->skipped_images() + val_->skipped_images();
+    return train_->skipped_images();
   }
 
   /// Accuracy of `forward` (logits) on the validation set, over all ranks.
@@ -157,7 +173,7 @@ class ImageData {
       counts = counts.defined() ? counts + c : c;
     }
     if (!counts.defined()) {
-      return {};
+      return {0, 0, val_->skipped_images()};
     }
     counts = counts.to(torch::kDouble);
     if (pg_) {
@@ -167,7 +183,8 @@ class ImageData {
     const double total = c[2].item<double>();
     return {
         100.0 * c[0].item<double>() / total,
-        100.0 * c[1].item<double>() / total};
+        100.0 * c[1].item<double>() / total,
+        val_->skipped_images()};
   }
 
  private:

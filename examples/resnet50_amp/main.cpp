@@ -17,7 +17,7 @@
 //   resnet50_amp --precision fp16 --lr-schedule cosine --warmup-steps 10 --clip-grad-norm 1
 //   resnet50_amp --precision fp16 --checkpoint-dir ckpt --checkpoint-every 50 [--resume]
 //   torchrun --no-python --nproc_per_node=2 resnet50_amp --ddp --precision fp16
-//   resnet50_amp --precision fp16 --batch-size 256 --channels-last --data /data/imagenet --epochs 90 [--gpu-decode]
+//   resnet50_amp --precision fp16 --batch-size 256 --channels-last --data /data/imagenet --epochs 90 [--decode cpu|gpu|auto]
 // clang-format on
 
 #include <lamp/lamp.h>
@@ -126,6 +126,7 @@ Result train(
         precision.amp ? precision.dtype : torch::kFloat,
         opt.channels_last,
         opt.seed,
+        /*full_batches=*/opt.cuda_graph,
         pg);
     if (print) {
       std::printf(
@@ -257,7 +258,7 @@ Result train(
     std::vector<torch::Tensor> batch{images, labels};
     if (data) {
       // Timed: a loader that cannot keep up shows in the step time.
-      auto b = data->next(/*full_only=*/graphed.has_value());
+      auto b = data->next();
       batch = {b.images, b.targets};
     }
     loss = graphed ? (*graphed)(batch) : train_step(batch);
@@ -301,11 +302,13 @@ Result train(
       if (print) {
         std::printf(
             "resnet50_amp: epoch %lld: validation top-1 %.2f %%, top-5 "
-            "%.2f %% (%lld unreadable images skipped)\n",
+            "%.2f %% (images that could not be decoded, skipped: %lld "
+            "training, %lld validation)\n",
             static_cast<long long>(epoch),
             accuracy.top1,
             accuracy.top5,
-            static_cast<long long>(data->skipped()));
+            static_cast<long long>(data->skipped()),
+            static_cast<long long>(accuracy.skipped));
       }
       metrics.write(
           {{"kind", std::string("epoch")},
@@ -515,9 +518,13 @@ int main(int argc, char** argv) {
   // NOTE: only rank 0 writes metrics and prints.
   examples::JsonLines metrics(print ? opt.metrics : "");
   std::vector<Result> results;
-  for (const auto& name : names) {
-    results.push_back(
-        train(opt, *device, pg, examples::precision(name), metrics));
+  try {
+    for (const auto& name : names) {
+      results.push_back(
+          train(opt, *device, pg, examples::precision(name), metrics));
+    }
+  } catch (const std::exception& e) {
+    return examples::report_failure("resnet50_amp", e);
   }
   if (!print) {
     return 0;

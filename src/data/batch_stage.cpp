@@ -4,25 +4,82 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <mutex>
+
+#include "decode_split.h"
+#include "image_decoder_detail.h"
+
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "resize_batch.h"
 #endif
 #if defined(LAMP_WITH_NVJPEG) && LAMP_WITH_NVJPEG
+#include "jpeg_markers.h"
 #include "nvjpeg_decoder.h"
-#include "resize_batch.h"
 #define LAMP_DATA_NVJPEG 1
 #else
 #define LAMP_DATA_NVJPEG 0
 #endif
 
 namespace lamp::data::detail {
+namespace {
+
+// Which row of the slot each output row shows: itself, or, for a bad row
+// with replace_bad_images, the next good row (cyclically); bad rows are
+// left out otherwise. `bad` gets the bad rows.
+std::vector<int64_t> output_rows(
+    const SlotRows& slot,
+    int64_t rows,
+    bool replace,
+    int64_t batch,
+    std::vector<int64_t>& bad) {
+  std::vector<int64_t> source;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] == RowState::kBad) {
+      bad.push_back(r);
+    }
+  }
+  if (bad.empty()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      source.push_back(r);
+    }
+    return source;
+  }
+  TORCH_CHECK(
+      !replace || static_cast<int64_t>(bad.size()) < rows,
+      "lamp::data::ImageLoader: no image of batch ",
+      batch,
+      " could be decoded, so replace_bad_images has none to copy; the "
+      "first: ",
+      slot.problem[bad.front()]);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] != RowState::kBad) {
+      source.push_back(r);
+    } else if (replace) {
+      int64_t s = (r + 1) % rows;
+      while (slot.state[s] == RowState::kBad) {
+        s = (s + 1) % rows;
+      }
+      source.push_back(s);
+    }
+  }
+  return source;
+}
+
+} // namespace
 
 struct BatchStage::Impl {
   ImageLoaderOptions options;
-  torch::Tensor mean; // float32 [1, 3, 1, 1] on the device
+  ImageDecode mode = ImageDecode::kCpu; // what `options.decode()` comes to
+  torch::Tensor mean; // float32 [1, 3, 1, 1] (CPU device)
   torch::Tensor std;
+  std::optional<DecodeSplit> split; // kAuto
+  std::mutex split_mutex; // guards `split`: all threads use it
+  torch::Tensor scratch; // the stage thread's CPU decode buffer
 #if LAMP_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> stream;
 #endif
@@ -30,27 +87,35 @@ struct BatchStage::Impl {
   std::unique_ptr<NvjpegDecoder> nvjpeg;
 #endif
 
+  torch::MemoryFormat format() const {
+    return options.channels_last() ? torch::MemoryFormat::ChannelsLast
+                                   : torch::MemoryFormat::Contiguous;
+  }
+
   // uint8 [n, S, S, 3] -> the options' dtype, [n, 3, S, S], normalised as
   // torchvision's ToTensor + Normalize: (x / 255 - mean) / std in float32.
   torch::Tensor normalize(const torch::Tensor& pixels) const {
     auto x = pixels.permute({0, 3, 1, 2}).to(torch::kFloat);
     x.div_(255).sub_(mean).div_(std);
-    const auto format = options.channels_last()
-        ? torch::MemoryFormat::ChannelsLast
-        : torch::MemoryFormat::Contiguous;
     return x.to(
         x.options().dtype(options.dtype()),
         /*non_blocking=*/false,
         /*copy=*/false,
-        format);
+        format());
   }
 
-  void decode_on_gpu(
-      torch::Tensor& device_pixels,
-      std::vector<char>& good,
-      EncodedRows& encoded,
-      const Recipe& recipe,
-      std::vector<std::string>& bad_reason);
+  Staged run_cpu(SlotRows& slot, int64_t rows, int64_t batch);
+#if LAMP_WITH_CUDA
+  std::vector<torch::Tensor> decode_on_gpu(
+      SlotRows& slot,
+      int64_t rows,
+      const Recipe& recipe);
+  Staged run_cuda(
+      SlotRows& slot,
+      int64_t rows,
+      int64_t batch,
+      const Recipe& recipe);
+#endif
 };
 
 BatchStage::BatchStage(const ImageLoaderOptions& options)
@@ -63,218 +128,302 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
       "ImageLoader: device must be CPU or CUDA, got ",
       device);
   TORCH_CHECK_VALUE(
-      !options.gpu_decode() || device.is_cuda(),
-      "ImageLoader: gpu_decode needs a CUDA device; got ",
+      options.decode() != ImageDecode::kGpu || device.is_cuda(),
+      "ImageLoader: decode(ImageDecode::kGpu) (gpu_decode) needs a CUDA "
+      "device; got ",
       device);
   TORCH_CHECK(
-      !options.gpu_decode() || LAMP_DATA_NVJPEG,
-      "ImageLoader: gpu_decode needs lamp built with nvJPEG "
-      "(LAMP_WITH_NVJPEG; pip install nvidia-nvjpeg or a CUDA "
-      "toolkit with libnvjpeg); leave gpu_decode off to decode on the "
-      "CPU");
+      options.decode() != ImageDecode::kGpu || LAMP_DATA_NVJPEG,
+      "ImageLoader: decode(ImageDecode::kGpu) (gpu_decode) needs lamp built "
+      "with nvJPEG (LAMP_WITH_NVJPEG; pip install nvidia-nvjpeg or a CUDA "
+      "toolkit with libnvjpeg); use ImageDecode::kCpu or kAuto");
   const auto m = options.mean();
   const auto s = options.std();
   impl.mean =
       torch::tensor({m[0], m[1], m[2]}, torch::kFloat).view({1, 3, 1, 1});
   impl.std =
       torch::tensor({s[0], s[1], s[2]}, torch::kFloat).view({1, 3, 1, 1});
-  if (device.is_cuda()) {
+  if (!device.is_cuda()) {
+    return;
+  }
 #if LAMP_WITH_CUDA
-    const auto index =
-        device.has_index() ? device.index() : c10::cuda::current_device();
-    impl.options.device(torch::Device(torch::kCUDA, index));
-    impl.mean = impl.mean.to(impl.options.device());
-    impl.std = impl.std.to(impl.options.device());
-    // NOTE: high priority, so that the stage's few kernels a batch start as
-    // soon as SMs free up rather than queue behind the training step's. On
-    // an H200 it made no measurable difference to the step either way
-    // (benchmarks/README.md, issue 15).
-    impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
+  const auto index =
+      device.has_index() ? device.index() : c10::cuda::current_device();
+  impl.options.device(torch::Device(torch::kCUDA, index));
+  // NOTE: high priority, so that the stage's few kernels a batch start as
+  // soon as SMs free up rather than queue behind the training step's. On
+  // an H200 it made no measurable difference to the step either way
+  // (benchmarks/README.md).
+  impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
 #if LAMP_DATA_NVJPEG
-    if (options.gpu_decode()) {
-      impl.nvjpeg =
-          std::make_unique<NvjpegDecoder>(index, options.batch_size());
+  if (options.decode() == ImageDecode::kGpu ||
+      (options.decode() == ImageDecode::kAuto && nvjpeg_available(index))) {
+    impl.mode = options.decode();
+    impl.nvjpeg = std::make_unique<NvjpegDecoder>(index, options.batch_size());
+    if (impl.mode == ImageDecode::kAuto) {
+      impl.split.emplace(options.num_threads());
     }
+  }
 #endif
 #else
-    TORCH_CHECK(false, "ImageLoader: lamp was built without CUDA");
+  TORCH_CHECK(false, "ImageLoader: lamp was built without CUDA");
 #endif
-  }
 }
 
 BatchStage::~BatchStage() = default;
 
-bool BatchStage::decodes_on_gpu(const std::vector<uint8_t>& bytes) const {
-  return impl_->options.gpu_decode() &&
-      image_format(bytes.data(), bytes.size()) == ImageFormat::kJpeg;
+int64_t BatchStage::gpu_rows(int64_t rows) const {
+  switch (impl_->mode) {
+    case ImageDecode::kGpu:
+      return rows;
+    case ImageDecode::kAuto: {
+      std::lock_guard<std::mutex> lock(impl_->split_mutex);
+      return impl_->split->gpu_rows(rows);
+    }
+    case ImageDecode::kCpu:
+      break;
+  }
+  return 0;
 }
 
-void BatchStage::prepare(
-    EncodedRows& rows,
-    int64_t row,
-    const std::vector<uint8_t>& bytes,
+bool BatchStage::prepare(
+    EncodedRow& row,
+    std::vector<uint8_t>& bytes,
     const std::string& path,
     const Recipe& recipe,
     int64_t epoch,
     int64_t index) const {
-  const auto size = image_size(bytes.data(), bytes.size(), path);
-  auto& r = rows[row];
-  r.pending = true;
-  r.bytes = bytes;
-  r.path = path;
-  r.placement = place(recipe, epoch, index, size.height, size.width);
+#if LAMP_DATA_NVJPEG
+  ImageHeader header;
+  // NOTE: anything but a JPEG whose header and markers nvJPEG takes goes to
+  // the CPU, damaged JPEGs too: libjpeg decodes some of those (as Pillow
+  // does) and otherwise says what is wrong.
+  if (!read_image_header(bytes.data(), bytes.size(), path, &header).empty() ||
+      header.format != ImageFormat::kJpeg ||
+      !nvjpeg_supports(read_jpeg_layout(bytes.data(), bytes.size()))) {
+    return false;
+  }
+  row.placement = place(recipe, epoch, index, header.height, header.width);
+  row.path = path;
+  row.bytes = std::move(bytes);
+  return true;
+#else
+  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index;
+  return false;
+#endif
 }
 
-void BatchStage::Impl::decode_on_gpu(
-    torch::Tensor& device_pixels,
-    std::vector<char>& good,
-    EncodedRows& encoded,
-    const Recipe& recipe,
-    std::vector<std::string>& bad_reason) {
+void BatchStage::record_thread(bool decoded, double seconds) {
+  if (impl_->split) {
+    std::lock_guard<std::mutex> lock(impl_->split_mutex);
+    impl_->split->record_thread(decoded, seconds);
+  }
+}
+
+void BatchStage::wait_until_released(const SlotRows& slot) const {
+  if (slot.released && slot.released->was_marked_for_recording()) {
+    slot.released->synchronize();
+  }
+}
+
+Staged BatchStage::Impl::run_cpu(SlotRows& slot, int64_t rows, int64_t b) {
+  Staged out;
+  const auto source =
+      output_rows(slot, rows, options.replace_bad_images(), b, out.bad_rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    out.cpu_decoded += slot.state[r] == RowState::kDecoded;
+  }
+  auto images = normalize(slot.pixels.narrow(0, 0, rows));
+  auto targets = slot.targets.narrow(0, 0, rows).clone();
+  if (!out.bad_rows.empty()) {
+    const auto index = torch::tensor(source, torch::kLong);
+    images = images.index_select(0, index).contiguous(format());
+    targets = targets.index_select(0, index);
+  }
+  out.batch.images = images;
+  out.batch.targets = targets;
+  return out;
+}
+
+#if LAMP_WITH_CUDA
+// The rows left encoded, decoded by nvJPEG on the loader's stream (an
+// undefined tensor for the others). A row nvJPEG cannot decode after all is
+// decoded on the CPU here; a corrupt one becomes a bad row.
+std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
+    SlotRows& slot,
+    int64_t rows,
+    const Recipe& recipe) {
+  std::vector<torch::Tensor> decoded(rows);
 #if LAMP_DATA_NVJPEG
-  std::vector<int64_t> rows;
+  std::vector<int64_t> which;
   std::vector<const uint8_t*> data;
   std::vector<size_t> sizes;
   std::vector<std::string> names;
-  for (size_t r = 0; r < encoded.size(); ++r) {
-    if (encoded[r].pending && good[r]) {
-      rows.push_back(static_cast<int64_t>(r));
-      data.push_back(encoded[r].bytes.data());
-      sizes.push_back(encoded[r].bytes.size());
-      names.push_back(encoded[r].path);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] == RowState::kEncoded) {
+      which.push_back(r);
+      data.push_back(slot.encoded[r].bytes.data());
+      sizes.push_back(slot.encoded[r].bytes.size());
+      names.push_back(slot.encoded[r].path);
     }
   }
-  if (rows.empty()) {
-    return;
+  if (which.empty()) {
+    return decoded;
   }
-  const cudaStream_t cuda_stream = stream->stream();
-  // One row's image on its own: for a batch nvJPEG rejects as a whole, to
-  // find the image at fault. JPEGs nvJPEG does not support go to the CPU.
-  auto one = [&](size_t k) {
-    auto& row = encoded[rows[k]];
-    try {
-      auto image =
-          nvjpeg->decode({data[k]}, {sizes[k]}, {names[k]}, cuda_stream)[0];
-      transform_decoded_into(
-          recipe, row.placement, image, device_pixels[rows[k]]);
-    } catch (const c10::Error& e) {
-      const std::string what = e.what_without_backtrace();
-      if (what.find("unsupported by nvJPEG") != std::string::npos) {
-        const auto image = decode_image(data[k], sizes[k], names[k]);
-        transform_decoded_into(
-            recipe, row.placement, image, device_pixels[rows[k]]);
-      } else if (options.skip_bad_images()) {
-        good[rows[k]] = 0;
-        bad_reason[rows[k]] = what;
-      } else {
-        throw;
-      }
+  std::vector<std::optional<NvjpegFailure>> failures;
+  auto images = nvjpeg->decode(data, sizes, names, stream->stream(), &failures);
+  for (size_t k = 0; k < which.size(); ++k) {
+    const int64_t r = which[k];
+    if (!failures[k]) {
+      decoded[r] = std::move(images[k]);
+      continue;
     }
-  };
-  std::vector<torch::Tensor> images;
-  try {
-    images = nvjpeg->decode(data, sizes, names, cuda_stream);
-  } catch (const c10::Error&) {
-    for (size_t k = 0; k < rows.size(); ++k) {
-      one(k);
+    std::string problem = failures[k]->message;
+    if (failures[k]->unsupported) {
+      const auto& row = slot.encoded[r];
+      problem = transform_placed_into(
+          recipe, row.placement, row.bytes, row.path, scratch, slot.pixels[r]);
     }
-    return;
-  }
-  // One kernel for the whole batch: the LibTorch ops it replaces (about
-  // seven an image) made this thread, not the decoder, the nvJPEG path's
-  // limit.
-  std::vector<Placement> placements;
-  for (auto r : rows) {
-    placements.push_back(encoded[r].placement);
-  }
-  resize_into_rows(recipe, placements, images, rows, device_pixels);
-  for (auto r : rows) {
-    encoded[r].pending = false;
+    if (problem.empty()) {
+      slot.state[r] = RowState::kDecoded;
+    } else {
+      TORCH_CHECK(options.skip_bad_images(), problem);
+      slot.state[r] = RowState::kBad;
+      slot.problem[r] = std::move(problem);
+    }
   }
 #else
-  (void)device_pixels, (void)good, (void)encoded, (void)recipe,
-      (void)bad_reason;
+  (void)slot, (void)recipe;
 #endif
+  return decoded;
 }
 
-ImageBatch BatchStage::run(
-    const torch::Tensor& pixels,
-    const torch::Tensor& targets,
-    std::vector<char>& good,
+Staged BatchStage::Impl::run_cuda(
+    SlotRows& slot,
     int64_t rows,
-    EncodedRows& encoded,
-    const Recipe& recipe,
-    std::vector<std::string>& bad_reason) {
-  auto& impl = *impl_;
-  ImageBatch batch;
-  auto host_pixels = pixels.narrow(0, 0, rows);
-  auto host_targets = targets.narrow(0, 0, rows);
-  auto keep = [&](const torch::Tensor& images, const torch::Tensor& t) {
-    std::vector<int64_t> kept;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (good[r]) {
-        kept.push_back(r);
-      }
+    int64_t batch,
+    const Recipe& recipe) {
+  const auto device = options.device();
+  c10::cuda::CUDAGuard device_guard(device);
+  c10::cuda::CUDAStreamGuard stream_guard(*stream);
+  Staged out;
+  const auto gpu_images = decode_on_gpu(slot, rows, recipe);
+  const auto source = output_rows(
+      slot, rows, options.replace_bad_images(), batch, out.bad_rows);
+  // Only the rows decoded on the CPU travel, in runs of consecutive rows.
+  auto host = slot.pixels.narrow(0, 0, rows);
+  torch::Tensor pixels;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] == RowState::kDecoded) {
+      pixels = torch::empty(host.sizes(), host.options().device(device));
+      break;
     }
-    if (static_cast<int64_t>(kept.size()) == rows) {
-      batch.images = images;
-      batch.targets = t;
-      return;
-    }
-    const auto index = torch::tensor(kept, torch::kLong).to(images.device());
-    batch.images = images.index_select(0, index);
-    batch.targets = t.index_select(0, index);
-  };
-  if (!impl.options.device().is_cuda()) {
-    keep(impl.normalize(host_pixels), host_targets.clone());
-    return batch;
   }
-#if LAMP_WITH_CUDA
-  c10::cuda::CUDAGuard device_guard(impl.options.device());
-  c10::cuda::CUDAStreamGuard stream_guard(*impl.stream);
-  // Only the rows decoded on the CPU travel; the GPU writes the others.
-  auto device_pixels = torch::empty(
-      host_pixels.sizes(), host_pixels.options().device(impl.options.device()));
   for (int64_t r = 0; r < rows;) {
-    auto on_gpu = [&](int64_t i) {
-      return i < static_cast<int64_t>(encoded.size()) && encoded[i].pending;
-    };
+    const bool copy = slot.state[r] == RowState::kDecoded;
     int64_t end = r;
-    while (end < rows && on_gpu(end) == on_gpu(r)) {
+    while (end < rows && (slot.state[end] == RowState::kDecoded) == copy) {
       ++end;
     }
-    if (!on_gpu(r)) {
-      device_pixels.narrow(0, r, end - r)
-          .copy_(host_pixels.narrow(0, r, end - r), /*non_blocking=*/true);
+    if (copy) {
+      pixels.narrow(0, r, end - r)
+          .copy_(host.narrow(0, r, end - r), /*non_blocking=*/true);
+      out.cpu_decoded += end - r;
     }
     r = end;
   }
-  auto device_targets =
-      host_targets.to(impl.options.device(), /*non_blocking=*/true);
-  impl.decode_on_gpu(device_pixels, good, encoded, recipe, bad_reason);
-  keep(impl.normalize(device_pixels), device_targets);
-  // NOTE: a host sync, but on this background thread and this stream only:
-  // the pinned slot may be refilled once its copy is done, and the caller
-  // then need not wait for anything.
-  impl.stream->synchronize();
+  torch::Tensor targets;
+  if (out.bad_rows.empty()) {
+    targets = slot.targets.narrow(0, 0, rows)
+                  .to(device, /*non_blocking=*/true, /*copy=*/true);
+  } else {
+    const auto index = torch::tensor(source, torch::kLong);
+    targets = slot.targets.narrow(0, 0, rows).index_select(0, index).to(device);
+  }
+  const int64_t n = static_cast<int64_t>(source.size());
+  std::vector<RowSource> sources(n);
+  for (int64_t o = 0; o < n; ++o) {
+    const int64_t r = source[o];
+    sources[o].row = o;
+    if (slot.state[r] == RowState::kDecoded) {
+      sources[o].image = pixels[r];
+      sources[o].as_is = true;
+    } else {
+      sources[o].image = gpu_images[r];
+      sources[o].placement = slot.encoded[r].placement;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    out.gpu_decoded += gpu_images[r].defined();
+  }
+  const int64_t size = options.image_size();
+  auto images = torch::empty(
+      {n, 3, size, size},
+      torch::TensorOptions().dtype(options.dtype()).device(device),
+      format());
+  Normalization normalization{options.mean(), options.std()};
+  write_rows(recipe, sources, &normalization, images);
+  // The slot's host rows and targets are free once the copies above have
+  // run; the batch is ready once everything has.
+  if (!slot.released) {
+    slot.released.emplace(c10::DeviceType::CUDA);
+  }
+  slot.released->record(*stream);
+  out.done.emplace(c10::DeviceType::CUDA);
+  out.done->record(*stream);
+  out.batch.images = images;
+  out.batch.targets = targets;
+  return out;
+}
 #endif
-  return batch;
+
+Staged BatchStage::run(
+    SlotRows& slot,
+    int64_t rows,
+    int64_t batch,
+    const Recipe& recipe) {
+  auto& impl = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  Staged out;
+  if (!impl.options.device().is_cuda()) {
+    out = impl.run_cpu(slot, rows, batch);
+  } else {
+#if LAMP_WITH_CUDA
+    out = impl.run_cuda(slot, rows, batch, recipe);
+#endif
+  }
+  if (impl.split) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    std::lock_guard<std::mutex> lock(impl.split_mutex);
+    impl.split->record_stage(out.gpu_decoded, seconds);
+  }
+  for (int64_t r : out.bad_rows) {
+    out.bad_reasons.push_back(slot.problem[r]);
+  }
+  return out;
 }
 
-void BatchStage::hand_over(ImageBatch& batch) const {
+void BatchStage::hand_over(Staged& staged) const {
 #if LAMP_WITH_CUDA
+  auto& batch = staged.batch;
   if (batch.images.is_cuda()) {
     const auto current =
         c10::cuda::getCurrentCUDAStream(batch.images.device().index());
-    // Allocated on the loader's stream: tell the caching allocator the
-    // caller's stream uses them too.
+    // The caller's stream waits for the loader's (no host sync), and the
+    // caching allocator learns that the caller's stream uses the tensors,
+    // which were allocated on the loader's.
+    if (staged.done) {
+      staged.done->block(current);
+    }
     c10::cuda::CUDACachingAllocator::recordStream(
         batch.images.storage().data_ptr(), current);
     c10::cuda::CUDACachingAllocator::recordStream(
         batch.targets.storage().data_ptr(), current);
   }
 #else
-  (void)batch;
+  (void)staged;
 #endif
 }
 

@@ -1,15 +1,19 @@
 #pragma once
 
-// The stage of lamp::data::ImageLoader that turns a host batch of uint8
-// pixels into the batch the caller gets: copy to the device, GPU decode
-// (nvJPEG) of the rows the decode threads left encoded, normalisation.
-// Used by the loader's stage thread only; see Note [ImageLoader threads and
-// streams] in image_loader.cpp.
+// The stage of lamp::data::ImageLoader that turns a slot of decoded rows
+// into the batch the caller gets: GPU decode (nvJPEG) of the rows the
+// decode threads left encoded, the copy of the others to the device, and
+// one kernel that transforms, normalises and lays out the whole batch. Also
+// what the decode threads ask of it (which rows the GPU takes, a row's
+// header for the GPU). See Note [ImageLoader threads and streams] in
+// image_loader.cpp.
 
+#include <c10/core/Event.h>
 #include <lamp/data/image_loader.h>
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,49 +21,83 @@
 
 namespace lamp::data::detail {
 
-// A row the GPU decodes: the file's bytes and the row's crop and flip.
+// What a decode thread left in a row of a slot.
+enum class RowState : uint8_t {
+  kDecoded, // the row's transformed pixels are in the slot's host pixels
+  kEncoded, // the file's bytes wait for the GPU
+  kBad, // the image cannot be decoded (`problem`)
+};
+
+// A row for the GPU: the file's bytes and the row's crop and flip.
 struct EncodedRow {
-  bool pending = false; // true: the stage must decode this row
   std::vector<uint8_t> bytes;
   std::string path;
   Placement placement;
 };
-using EncodedRows = std::vector<EncodedRow>;
+
+// A ring slot's rows: written by the decode threads (each its own rows),
+// then read by the stage thread once all are done.
+struct SlotRows {
+  torch::Tensor pixels; // uint8 [B, S, S, 3], pinned when the device is CUDA
+  torch::Tensor targets; // int64 [B], likewise
+  std::vector<RowState> state;
+  std::vector<EncodedRow> encoded;
+  std::vector<std::string> problem;
+  // Recorded by the stage once its copies out of `pixels` and `targets` are
+  // enqueued; the decode threads wait for it before writing them again.
+  std::optional<c10::Event> released;
+};
+
+// The stage's result for one slot.
+struct Staged {
+  ImageBatch batch;
+  // Rows left out of the batch or replaced (skip_bad_images), and why.
+  std::vector<int64_t> bad_rows;
+  std::vector<std::string> bad_reasons;
+  int64_t gpu_decoded = 0; // images the GPU decoded
+  int64_t cpu_decoded = 0; // images the CPU decoded
+  // CUDA: recorded on the loader's stream after the batch's work.
+  std::optional<c10::Event> done;
+};
 
 class BatchStage {
  public:
   explicit BatchStage(const ImageLoaderOptions& options);
   ~BatchStage();
 
-  // Whether the GPU decodes this file (gpu_decode and a JPEG); called by the
-  // decode threads.
-  bool decodes_on_gpu(const std::vector<uint8_t>& bytes) const;
+  // How many of a batch's `rows` the decode threads leave for the GPU (the
+  // last ones): all (kGpu), a measured share (kAuto with nvJPEG) or none.
+  // Called under the loader's mutex.
+  int64_t gpu_rows(int64_t rows) const;
 
-  // Decode thread: keeps the bytes of `row` and draws its crop from the
-  // image's header.
-  void prepare(
-      EncodedRows& rows,
-      int64_t row,
-      const std::vector<uint8_t>& bytes,
+  // Decode thread, for a row meant for the GPU: reads the header, draws the
+  // row's crop into `row` and moves the bytes there; false (bytes left
+  // alone) when nvJPEG cannot decode the file (a PNG, a CMYK JPEG, a
+  // damaged file...): decode it on the CPU.
+  bool prepare(
+      EncodedRow& row,
+      std::vector<uint8_t>& bytes,
       const std::string& path,
       const Recipe& recipe,
       int64_t epoch,
       int64_t index) const;
 
-  // Stage thread: the first `rows` rows of `pixels` and `targets` (host) as
-  // a batch on the device, without the rows whose `good` is 0. On CUDA the
-  // work runs on the loader's stream and is finished when this returns.
-  ImageBatch run(
-      const torch::Tensor& pixels,
-      const torch::Tensor& targets,
-      std::vector<char>& good,
-      int64_t rows,
-      EncodedRows& encoded,
-      const Recipe& recipe,
-      std::vector<std::string>& bad_reason);
+  // Decode thread: a measurement for kAuto's split (under the mutex).
+  void record_thread(bool decoded, double seconds);
+
+  // Decode thread: waits until the stage's copies out of `slot` have run.
+  void wait_until_released(const SlotRows& slot) const;
+
+  // Stage thread: the first `rows` rows of `slot` as a batch on the device,
+  // bad rows left out or replaced (skip_bad_images, replace_bad_images); a
+  // bad row without skip_bad_images never reaches here. On CUDA the work is
+  // enqueued on the loader's stream, `done` marks its end, and `released`
+  // is recorded for the slot; nothing waits on the host for it.
+  // `batch` (its index in the epoch) is for messages.
+  Staged run(SlotRows& slot, int64_t rows, int64_t batch, const Recipe& recipe);
 
   // Caller's thread: makes the batch safe to use on its current stream.
-  void hand_over(ImageBatch& batch) const;
+  void hand_over(Staged& staged) const;
 
  private:
   struct Impl;

@@ -9,149 +9,128 @@
 
 #include <sys/stat.h>
 
-#include <turbojpeg.h>
+#include "image_decoder_detail.h"
+#include "jpeg_decoder.h"
 #include "png_reader.h"
+#include "sample_pipeline.h"
 
 namespace lamp::data {
+namespace detail {
 namespace {
 
-// One TurboJPEG decompressor per thread: a handle is not thread-safe and
-// creating one per image costs more than decoding a small JPEG.
-tjhandle thread_decompressor() {
-  struct Handle {
-    tjhandle h = tjInitDecompress();
-    ~Handle() {
-      if (h != nullptr) {
-        tjDestroy(h);
-      }
-    }
-  };
-  thread_local Handle handle;
-  TORCH_CHECK(
-      handle.h != nullptr,
-      "lamp::data: could not create a libjpeg-turbo decompressor: ",
-      tjGetErrorStr2(nullptr));
-  return handle.h;
-}
-
-struct JpegHeader {
-  int width = 0;
-  int height = 0;
-  int colorspace = 0;
-};
-
-JpegHeader jpeg_header(
-    const uint8_t* data,
-    size_t size,
-    const std::string& name) {
-  tjhandle tj = thread_decompressor();
-  JpegHeader header;
-  int subsampling = 0;
-  const int rc = tjDecompressHeader3(
-      tj,
-      data,
-      static_cast<unsigned long>(size),
-      &header.width,
-      &header.height,
-      &subsampling,
-      &header.colorspace);
-  TORCH_CHECK(
-      rc == 0,
+std::string bad_file(
+    const std::string& name,
+    const char* what,
+    const char* library,
+    const std::string& why) {
+  return c10::str(
       "lamp::data: '",
       name,
-      "' is not a readable JPEG (libjpeg-turbo: ",
-      tjGetErrorStr2(tj),
+      "' is ",
+      what,
+      " (",
+      library,
+      ": ",
+      why,
       "); replace or remove the file, or set skip_bad_images");
-  return header;
 }
 
-torch::Tensor output_for(torch::Tensor out, int64_t height, int64_t width) {
-  if (out.defined() && out.dtype() == torch::kUInt8 && out.is_cpu() &&
-      out.is_contiguous() && out.dim() == 3 && out.size(0) == height &&
-      out.size(1) == width && out.size(2) == 3) {
-    return out;
-  }
-  return torch::empty({height, width, 3}, torch::kUInt8);
-}
+} // namespace
 
-torch::Tensor decode_jpeg(
+std::string read_image_header(
     const uint8_t* data,
     size_t size,
     const std::string& name,
-    torch::Tensor out) {
-  const JpegHeader header = jpeg_header(data, size, name);
-  TORCH_CHECK(
-      header.colorspace != TJCS_CMYK && header.colorspace != TJCS_YCCK,
-      "lamp::data: '",
-      name,
-      "' is a CMYK JPEG, which lamp does not decode; convert it to "
-      "RGB (e.g. PIL's img.convert('RGB').save(...))");
-  out = output_for(std::move(out), header.height, header.width);
-  tjhandle tj = thread_decompressor();
-  // Flags 0: accurate integer DCT and fancy upsampling, Pillow's defaults.
-  const int rc = tjDecompress2(
-      tj,
-      data,
-      static_cast<unsigned long>(size),
-      out.data_ptr<uint8_t>(),
-      header.width,
-      /*pitch=*/0,
-      header.height,
-      TJPF_RGB,
-      /*flags=*/0);
-  if (rc != 0) {
-    // NOTE: libjpeg-turbo reports some harmless oddities as warnings
-    // ("extraneous bytes before marker") and still decodes every pixel;
-    // Pillow accepts those too. A file that ends early is a warning as well
-    // ("Premature end of JPEG file"), but there the missing rows are grey:
-    // Pillow raises "image file is truncated" and so do we.
-    const bool warning = tjGetErrorCode(tj) == TJERR_WARNING;
-    const std::string what = tjGetErrorStr2(tj);
-    TORCH_CHECK(
-        warning && what.find("Premature end") == std::string::npos,
+    ImageHeader* header) {
+  header->format = image_format(data, size);
+  switch (header->format) {
+    case ImageFormat::kJpeg: {
+      JpegInfo info;
+      const std::string why = read_jpeg_info(data, size, &info);
+      if (!why.empty()) {
+        return bad_file(name, "not a readable JPEG", "libjpeg", why);
+      }
+      header->height = info.height;
+      header->width = info.width;
+      break;
+    }
+    case ImageFormat::kPng: {
+      PngInfo info;
+      char error[256] = {0};
+      if (!png_read_info(data, size, &info, error, sizeof(error))) {
+        return bad_file(name, "not a readable PNG", "libpng", error);
+      }
+      header->height = info.height;
+      header->width = info.width;
+      break;
+    }
+    case ImageFormat::kUnknown:
+      return c10::str(
+          "lamp::data: '",
+          name,
+          "' is neither a JPEG nor a PNG (judged by its first bytes), "
+          "the formats lamp decodes; convert it, or leave its extension "
+          "out of ImageFolderOptions::extensions");
+  }
+  // NOTE: in double: two 16-bit JPEG sides, or two 31-bit PNG sides, do not
+  // fit an int64 product check otherwise.
+  const double pixels =
+      static_cast<double>(header->height) * static_cast<double>(header->width);
+  if (pixels > static_cast<double>(kMaxImagePixels)) {
+    return c10::str(
         "lamp::data: '",
         name,
-        "' is a corrupt or truncated JPEG ",
-        "(libjpeg-turbo: ",
-        what,
-        "); replace or remove the file, or set skip_bad_images");
+        "' has ",
+        header->height,
+        "x",
+        header->width,
+        " pixels, more than the ",
+        kMaxImagePixels,
+        " lamp decodes (Pillow's decompression-bomb limit); shrink the "
+        "image, or remove it, or set skip_bad_images");
   }
-  return out;
+  return {};
 }
 
-detail::PngInfo png_header(
-    const uint8_t* data,
-    size_t size,
-    const std::string& name) {
-  detail::PngInfo info;
-  char error[256] = {0};
-  TORCH_CHECK(
-      detail::png_read_info(data, size, &info, error, sizeof(error)),
-      "lamp::data: '",
-      name,
-      "' is not a readable PNG (libpng: ",
-      error,
-      "); replace or remove the file, or set skip_bad_images");
-  return info;
-}
-
-torch::Tensor decode_png(
+std::string decode_image_region(
     const uint8_t* data,
     size_t size,
     const std::string& name,
-    torch::Tensor out) {
-  const detail::PngInfo info = png_header(data, size, name);
+    const ImageHeader& header,
+    const CropBox& region,
+    uint8_t* out) {
+  check_box_inside(region, header.height, header.width, "decode_image_region");
+  if (header.format == ImageFormat::kJpeg) {
+    const std::string why = decode_jpeg_region(data, size, region, out);
+    return why.empty()
+        ? why
+        : bad_file(name, "a corrupt or truncated JPEG", "libjpeg", why);
+  }
+  TORCH_INTERNAL_ASSERT(
+      header.format == ImageFormat::kPng && region.top == 0 &&
+          region.left == 0 && region.height == header.height &&
+          region.width == header.width,
+      "decode_image_region: a PNG is decoded whole");
   char error[256] = {0};
-  out = output_for(std::move(out), info.height, info.width);
-  TORCH_CHECK(
-      detail::png_read_rgb(
-          data, size, out.data_ptr<uint8_t>(), error, sizeof(error)),
-      "lamp::data: '",
-      name,
-      "' is a corrupt or truncated PNG (libpng: ",
-      error,
-      "); replace or remove the file, or set skip_bad_images");
-  return out;
+  if (!png_read_rgb(data, size, out, error, sizeof(error))) {
+    return bad_file(name, "a corrupt or truncated PNG", "libpng", error);
+  }
+  return {};
+}
+
+} // namespace detail
+
+namespace {
+
+detail::ImageHeader header_or_throw(
+    const uint8_t* data,
+    size_t size,
+    const std::string& name) {
+  detail::ImageHeader header;
+  const std::string problem =
+      detail::read_image_header(data, size, name, &header);
+  TORCH_CHECK(problem.empty(), problem);
+  return header;
 }
 
 } // namespace
@@ -167,35 +146,12 @@ ImageFormat image_format(const uint8_t* data, size_t size) {
   return ImageFormat::kUnknown;
 }
 
-namespace {
-[[noreturn]] void unknown_format(const std::string& name) {
-  TORCH_CHECK(
-      false,
-      "lamp::data: '",
-      name,
-      "' is neither a JPEG nor a PNG (judged by its first bytes), "
-      "the formats lamp decodes; convert it, or leave its extension "
-      "out of ImageFolderOptions::extensions");
-}
-} // namespace
-
 ImageSize image_size(
     const uint8_t* data,
     size_t size,
     const std::string& name) {
-  switch (image_format(data, size)) {
-    case ImageFormat::kJpeg: {
-      const JpegHeader header = jpeg_header(data, size, name);
-      return {header.height, header.width};
-    }
-    case ImageFormat::kPng: {
-      const detail::PngInfo info = png_header(data, size, name);
-      return {info.height, info.width};
-    }
-    case ImageFormat::kUnknown:
-      break;
-  }
-  unknown_format(name);
+  const auto header = header_or_throw(data, size, name);
+  return {header.height, header.width};
 }
 
 torch::Tensor decode_image(
@@ -203,15 +159,21 @@ torch::Tensor decode_image(
     size_t size,
     const std::string& name,
     torch::Tensor out) {
-  switch (image_format(data, size)) {
-    case ImageFormat::kJpeg:
-      return decode_jpeg(data, size, name, std::move(out));
-    case ImageFormat::kPng:
-      return decode_png(data, size, name, std::move(out));
-    case ImageFormat::kUnknown:
-      break;
+  const auto header = header_or_throw(data, size, name);
+  if (!(out.defined() && out.dtype() == torch::kUInt8 && out.is_cpu() &&
+        out.is_contiguous() && out.dim() == 3 && out.size(0) == header.height &&
+        out.size(1) == header.width && out.size(2) == 3)) {
+    out = torch::empty({header.height, header.width, 3}, torch::kUInt8);
   }
-  unknown_format(name);
+  const std::string problem = detail::decode_image_region(
+      data,
+      size,
+      name,
+      header,
+      CropBox{0, 0, header.height, header.width},
+      out.data_ptr<uint8_t>());
+  TORCH_CHECK(problem.empty(), problem);
+  return out;
 }
 
 torch::Tensor decode_image(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <lamp/data/image_folder.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -20,34 +21,40 @@ namespace lamp::data {
 
 // Note [ImageLoader threads and streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Three kinds of threads share one mutex (`mutex`) and a ring of `prefetch`
-// Slots, each a host batch (pinned when the device is CUDA):
+// Three kinds of threads share one mutex (`mutex`) and a ring of
+// `prefetch + 1` Slots, each a host batch (pinned when the device is CUDA):
 //
 // * Decode threads (num_threads) take rows of the batches the ring holds,
-//   one at a time, in batch order: read the file, decode, crop, resize and
-//   flip into the slot's row (or, with gpu_decode, keep the file's bytes and
-//   the row's crop for the stage). They touch only their row while working,
-//   so they hold the mutex only to take a row and to report it done.
-// * The stage thread turns a complete slot, in batch order, into a Batch:
-//   on CUDA it copies the slot to the device on the loader's own stream
-//   (`copy_stream`), decodes JPEGs there with nvJPEG if asked, normalises,
-//   records an event and waits for the copy to finish before handing the
-//   slot back to the decode threads for batch + prefetch (the host buffer
-//   must not change under an in-flight copy). It is the only thread that
-//   uses the copy stream and the nvJPEG decoder.
-// * The caller's thread (next()) takes ready Batches in order. On CUDA it
-//   makes its current stream wait for the batch's event (no host sync) and
+//   one at a time, in batch order: read the file, then either decode, crop,
+//   resize and flip it into the slot's row (the CPU's rows), or parse its
+//   header, draw its crop and keep its bytes for the GPU (the last
+//   `gpu_first..rows` rows of a slot: BatchStage::gpu_rows, all of them
+//   with ImageDecode::kGpu, a measured share with kAuto). They touch only
+//   their row while working, so they hold the mutex only to take a row and
+//   to report it done. Before writing a row they wait for the slot's
+//   `released` event: the stage's copies out of the slot's last batch.
+// * The stage thread turns a complete slot, in batch order, into a batch
+//   (BatchStage::run): on CUDA it decodes the GPU's rows with nvJPEG,
+//   copies the CPU's rows to the device and makes the batch in one kernel,
+//   all on the loader's own stream (`copy_stream`), records `released` and
+//   the batch's `done` event, and hands the slot back to the decode threads
+//   for batch + ring size at once; it never waits for the GPU on the host
+//   (nvJPEG's hardware engines aside: Note [nvJPEG streams and threads]).
+//   It is the only thread that uses that stream and the nvJPEG decoder.
+// * The caller's thread (next()) takes finished batches in order, makes its
+//   current stream wait for the batch's `done` event (no host sync) and
 //   records the tensors on that stream, so the caching allocator does not
-//   reuse their memory while the caller's kernels may still read it.
+//   reuse their memory while the caller's kernels may still read them. It
+//   counts skipped images when it returns their batch.
 //
 // Decode threads call at::set_num_threads(1): it is per-thread for OpenMP,
 // but LibTorch also keeps the value for threads created later, so the
 // loader restores the caller's value when it joins its threads.
 //
 // `stop` (under the mutex) ends all waits; the destructor and seek() set it
-// and join the threads. An exception in a decode thread (a bad image without
-// skip_bad_images) travels with its slot to the stage and from there to
-// next(), which rethrows it.
+// and join the threads. An exception in a decode thread (a bad image
+// without skip_bad_images, an I/O error) travels with its slot to the stage
+// and from there to next(), which rethrows it.
 
 namespace {
 
@@ -56,19 +63,19 @@ struct Slot {
   int64_t rows = 0;
   int64_t next_row = 0; // the next row a decode thread takes
   int64_t pending = 0; // rows taken or not, not yet done
-  torch::Tensor pixels; // uint8 [B, S, S, 3]
-  torch::Tensor targets; // int64 [B]
-  std::vector<char> good;
-  std::vector<std::string> bad_reason;
-  detail::EncodedRows encoded; // gpu_decode: what the stage decodes
+  int64_t gpu_first = 0; // rows from here on are for the GPU
+  detail::SlotRows data;
   std::exception_ptr error;
 };
 
 struct Ready {
-  ImageBatch batch;
+  detail::Staged staged;
+  std::vector<std::string> skipped; // the bad rows' files
   std::exception_ptr error;
   bool end = false;
 };
+
+using Clock = std::chrono::steady_clock;
 
 } // namespace
 
@@ -89,7 +96,7 @@ struct ImageLoader::Impl {
   void decode_loop();
   void stage_loop();
   void assign(Slot& slot, int64_t batch);
-  void decode_row(Slot& slot, int64_t row, torch::Tensor& scratch);
+  bool decode_row(Slot& slot, int64_t row, torch::Tensor& scratch);
 
   const ImageFolder& dataset;
   const ImageLoaderOptions options;
@@ -101,11 +108,15 @@ struct ImageLoader::Impl {
   int64_t batch = 0; // what next() returns next
   int64_t num_batches = 0;
   std::vector<int64_t> order; // this epoch's dataset indices on this rank
-  int64_t skipped = 0;
+  // Of the batches next() returned: this epoch's skipped files, and every
+  // image decoded on the GPU and on the CPU.
+  std::vector<std::string> skipped;
+  int64_t gpu_decoded = 0;
+  int64_t cpu_decoded = 0;
   // The caller's intra-op threads, restored when the decode threads end.
   const int intra_op_threads = at::get_num_threads();
 
-  std::mutex mutex;
+  mutable std::mutex mutex;
   std::condition_variable rows_ready; // decode threads wait
   std::condition_variable slot_done; // the stage waits
   std::condition_variable batch_ready; // next() waits
@@ -124,38 +135,41 @@ void ImageLoader::Impl::assign(Slot& slot, int64_t b) {
   slot.rows = std::min<int64_t>(bs, static_cast<int64_t>(order.size()) - first);
   slot.next_row = 0;
   slot.pending = slot.rows;
+  slot.gpu_first = slot.rows - stage->gpu_rows(slot.rows);
   slot.error = nullptr;
-  std::fill(slot.good.begin(), slot.good.end(), 1);
-  for (auto& row : slot.encoded) {
-    row.pending = false;
-  }
-  auto* targets = slot.targets.data_ptr<int64_t>();
-  for (int64_t r = 0; r < slot.rows; ++r) {
-    targets[r] = dataset[order[first + r]].target;
-  }
 }
 
-void ImageLoader::Impl::decode_row(
+// Returns whether the row was decoded on the CPU (else it was read for the
+// GPU, or is bad).
+bool ImageLoader::Impl::decode_row(
     Slot& slot,
     int64_t row,
     torch::Tensor& scratch) {
+  using detail::RowState;
   const int64_t index = order[slot.batch * options.batch_size() + row];
-  const std::string& path = dataset[index].path;
-  try {
-    const auto bytes = read_file(path);
-    if (stage->decodes_on_gpu(bytes)) {
-      stage->prepare(slot.encoded, row, bytes, path, recipe, epoch, index);
-    } else {
-      detail::transform_into(
-          recipe, epoch, index, bytes, path, scratch, slot.pixels[row]);
-    }
-  } catch (const c10::Error& e) {
-    if (!options.skip_bad_images()) {
-      throw;
-    }
-    slot.good[row] = 0;
-    slot.bad_reason[row] = e.what_without_backtrace();
+  const auto& sample = dataset[index];
+  auto& data = slot.data;
+  stage->wait_until_released(data);
+  data.targets.data_ptr<int64_t>()[row] = sample.target;
+  // NOTE: an I/O error throws: only images that cannot be decoded are
+  // skipped.
+  auto bytes = read_file(sample.path);
+  if (row >= slot.gpu_first &&
+      stage->prepare(
+          data.encoded[row], bytes, sample.path, recipe, epoch, index)) {
+    data.state[row] = RowState::kEncoded;
+    return false;
   }
+  std::string problem = detail::transform_into(
+      recipe, epoch, index, bytes, sample.path, scratch, data.pixels[row]);
+  if (problem.empty()) {
+    data.state[row] = RowState::kDecoded;
+    return true;
+  }
+  TORCH_CHECK(options.skip_bad_images(), problem);
+  data.state[row] = RowState::kBad;
+  data.problem[row] = std::move(problem);
+  return false;
 }
 
 void ImageLoader::Impl::decode_loop() {
@@ -186,11 +200,15 @@ void ImageLoader::Impl::decode_loop() {
     const int64_t row = slot->next_row++;
     lock.unlock();
     std::exception_ptr error;
+    const auto start = Clock::now();
+    bool decoded = false;
     try {
-      decode_row(*slot, row, scratch);
+      decoded = decode_row(*slot, row, scratch);
     } catch (...) {
       error = std::current_exception();
     }
+    stage->record_thread(
+        decoded, std::chrono::duration<double>(Clock::now() - start).count());
     lock.lock();
     if (error && !slot->error) {
       slot->error = error;
@@ -217,28 +235,13 @@ void ImageLoader::Impl::stage_loop() {
       item.error = slot.error;
     } else {
       try {
-        item.batch = stage->run(
-            slot.pixels,
-            slot.targets,
-            slot.good,
-            slot.rows,
-            slot.encoded,
-            recipe,
-            slot.bad_reason);
-        int64_t bad = 0;
-        for (int64_t r = 0; r < slot.rows; ++r) {
-          if (!slot.good[r]) {
-            TORCH_WARN_ONCE(
-                "lamp::data::ImageLoader skips images it cannot ",
-                "decode (skip_bad_images); the first: ",
-                slot.bad_reason[r]);
-            ++bad;
-          }
+        item.staged = stage->run(slot.data, slot.rows, b, recipe);
+        item.staged.batch.epoch = epoch;
+        item.staged.batch.index = b;
+        for (int64_t r : item.staged.bad_rows) {
+          item.skipped.push_back(
+              dataset[order[b * options.batch_size() + r]].path);
         }
-        item.batch.epoch = epoch;
-        item.batch.index = b;
-        std::lock_guard<std::mutex> lock(mutex);
-        skipped += bad;
       } catch (...) {
         item.error = std::current_exception();
       }
@@ -250,8 +253,8 @@ void ImageLoader::Impl::stage_loop() {
     if (failed) {
       return; // next() rethrows; seek() or set_epoch() restarts
     }
-    // The copy of this slot has finished (BatchStage::run waited for it):
-    // hand it to the decode threads for a later batch.
+    // The stage's work on this slot is enqueued and `released` recorded:
+    // the decode threads may start on a later batch (they wait for it).
     const int64_t later = b + static_cast<int64_t>(ring.size());
     if (later < num_batches) {
       assign(slot, later);
@@ -348,19 +351,21 @@ ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
   recipe.scale = o.scale();
   recipe.ratio = o.ratio();
   recipe.seed = o.seed();
+  recipe.partial_decode = o.partial_decode();
   impl_->stage = std::make_unique<detail::BatchStage>(o);
   const bool pinned = o.device().is_cuda();
   impl_->ring.resize(o.prefetch() + 1);
   for (auto& slot : impl_->ring) {
-    slot.pixels = torch::empty(
+    auto& data = slot.data;
+    data.pixels = torch::empty(
         {o.batch_size(), o.image_size(), o.image_size(), 3},
         torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
-    slot.targets = torch::empty(
+    data.targets = torch::empty(
         {o.batch_size()},
         torch::TensorOptions(torch::kLong).pinned_memory(pinned));
-    slot.good.assign(o.batch_size(), 1);
-    slot.bad_reason.assign(o.batch_size(), "");
-    slot.encoded.resize(o.batch_size());
+    data.state.assign(o.batch_size(), detail::RowState::kDecoded);
+    data.encoded.resize(o.batch_size());
+    data.problem.resize(o.batch_size());
   }
 }
 
@@ -377,10 +382,10 @@ std::optional<ImageBatch> ImageLoader::next() {
   {
     std::unique_lock<std::mutex> lock(impl.mutex);
     impl.batch_ready.wait(lock, [&] { return !impl.ready.empty(); });
-    item = std::move(impl.ready.front());
-    if (item.end) {
+    if (impl.ready.front().end) {
       return std::nullopt; // stays at the end until set_epoch()/seek()
     }
+    item = std::move(impl.ready.front());
     impl.ready.pop_front();
     impl.slot_done.notify_all(); // room in the ready queue
   }
@@ -388,9 +393,23 @@ std::optional<ImageBatch> ImageLoader::next() {
     impl.stop_and_join();
     std::rethrow_exception(item.error);
   }
+  auto& staged = item.staged;
+  if (!item.skipped.empty()) {
+    TORCH_WARN_ONCE(
+        "lamp::data::ImageLoader skips images it cannot decode "
+        "(skip_bad_images); the first: ",
+        staged.bad_reasons.front());
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl.mutex);
+    impl.skipped.insert(
+        impl.skipped.end(), item.skipped.begin(), item.skipped.end());
+    impl.gpu_decoded += staged.gpu_decoded;
+    impl.cpu_decoded += staged.cpu_decoded;
+  }
   ++impl.batch;
-  impl.stage->hand_over(item.batch);
-  return std::move(item.batch);
+  impl.stage->hand_over(staged);
+  return std::move(staged.batch);
 }
 
 void ImageLoader::set_epoch(int64_t epoch) {
@@ -407,6 +426,7 @@ void ImageLoader::seek(int64_t epoch, int64_t batch) {
   impl_->stop_and_join();
   impl_->epoch = epoch;
   impl_->batch = batch;
+  impl_->skipped.clear();
 }
 
 int64_t ImageLoader::epoch() const {
@@ -425,7 +445,22 @@ int64_t ImageLoader::batches_per_epoch() const {
 
 int64_t ImageLoader::skipped_images() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
+  return static_cast<int64_t>(impl_->skipped.size());
+}
+
+std::vector<std::string> ImageLoader::skipped_paths() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->skipped;
+}
+
+int64_t ImageLoader::gpu_decoded_images() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->gpu_decoded;
+}
+
+int64_t ImageLoader::cpu_decoded_images() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->cpu_decoded;
 }
 
 const ImageLoaderOptions& ImageLoader::options() const {

@@ -157,6 +157,8 @@ struct NvjpegDecoder::Impl {
   ~Impl();
   void init();
   Slot& slot();
+  void retire(Slot& s, cudaStream_t stream);
+  void renew(nvjpegJpegStream_t& bitstream);
   ImageInfo inspect(
       nvjpegJpegStream_t bitstream,
       const uint8_t* data,
@@ -170,7 +172,7 @@ struct NvjpegDecoder::Impl {
       std::vector<torch::Tensor>& out,
       cudaStream_t stream);
   void decode_cuda(
-      nvjpegJpegStream_t bitstream,
+      nvjpegJpegStream_t& bitstream,
       const uint8_t* data,
       size_t size,
       const std::string& name,
@@ -299,7 +301,7 @@ NvjpegDecoder::Impl::~Impl() {
 
 // The next slot, made on first use. See Note [nvJPEG streams and threads].
 Slot& NvjpegDecoder::Impl::slot() {
-  if (next_slot == slots.size()) {
+  if (next_slot == slots.size() || slots[next_slot].state == nullptr) {
     Slot s;
     try {
       LAMP_NVJPEG_CHECK(nvjpegDecoderStateCreate(handle, decoder, &s.state));
@@ -311,7 +313,11 @@ Slot& NvjpegDecoder::Impl::slot() {
       release(s);
       throw;
     }
-    slots.push_back(s);
+    if (next_slot == slots.size()) {
+      slots.push_back(s);
+    } else {
+      slots[next_slot] = s;
+    }
   }
   Slot& s = slots[next_slot];
   next_slot = (next_slot + 1) % kSlots;
@@ -320,12 +326,27 @@ Slot& NvjpegDecoder::Impl::slot() {
   return s;
 }
 
+// After an image failed with slot `s`: its state may be half way through
+// that image, so it goes (once the work queued with it has run) and slot()
+// makes it anew when its turn comes.
+void NvjpegDecoder::Impl::retire(Slot& s, cudaStream_t stream) {
+  cudaStreamSynchronize(stream);
+  release(s);
+}
+
+// After an image failed with `bitstream`: a fresh handle for the next one.
+void NvjpegDecoder::Impl::renew(nvjpegJpegStream_t& bitstream) {
+  nvjpegJpegStreamDestroy(bitstream);
+  bitstream = nullptr;
+  LAMP_NVJPEG_CHECK(nvjpegJpegStreamCreate(handle, &bitstream));
+}
+
 ImageInfo NvjpegDecoder::Impl::inspect(
     nvjpegJpegStream_t bitstream,
     const uint8_t* data,
     size_t size,
     const std::string& name) {
-  TORCH_CHECK(
+  TORCH_CHECK_VALUE(
       data != nullptr && size > 0,
       "lamp: cannot decode ",
       name,
@@ -334,7 +355,7 @@ ImageInfo NvjpegDecoder::Impl::inspect(
   // decodes the part it has), and it takes any 3 components for YCbCr: the
   // markers tell, before nvJPEG parses anything.
   const JpegLayout layout = read_jpeg_layout(data, size);
-  TORCH_CHECK(
+  TORCH_CHECK_VALUE(
       layout.problem.empty(),
       "lamp: cannot decode ",
       name,
@@ -356,7 +377,7 @@ ImageInfo NvjpegDecoder::Impl::inspect(
   unsigned int height = 0;
   LAMP_NVJPEG_CHECK_IMAGE(
       nvjpegJpegStreamGetFrameDimensions(bitstream, &width, &height), name);
-  TORCH_CHECK(
+  TORCH_CHECK_VALUE(
       int(width) == layout.width && int(height) == layout.height,
       "lamp: cannot decode ",
       name,
@@ -436,8 +457,11 @@ bool NvjpegDecoder::Impl::decode_hardware(
     return true;
   }
   // Let whatever the engines started finish before the CUDA backend writes
-  // the same outputs.
+  // the same outputs; then a fresh state for the next batch.
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  nvjpegJpegStateDestroy(hardware_state);
+  hardware_state = nullptr;
+  LAMP_NVJPEG_CHECK(nvjpegJpegStateCreate(handle, &hardware_state));
   TORCH_WARN(
       "lamp: nvJPEG's hardware decoder failed (",
       call,
@@ -452,27 +476,40 @@ bool NvjpegDecoder::Impl::decode_hardware(
 }
 
 void NvjpegDecoder::Impl::decode_cuda(
-    nvjpegJpegStream_t bitstream,
+    nvjpegJpegStream_t& bitstream,
     const uint8_t* data,
     size_t size,
     const std::string& name,
     torch::Tensor& out,
     cudaStream_t stream) {
-  LAMP_NVJPEG_CHECK_IMAGE(
-      nvjpegJpegStreamParse(handle, data, size, 0, 0, bitstream), name);
-  Slot& s = slot();
-  LAMP_NVJPEG_CHECK_IMAGE(
-      nvjpegDecodeJpegHost(handle, decoder, s.state, params, bitstream), name);
-  LAMP_NVJPEG_CHECK_IMAGE(
-      nvjpegDecodeJpegTransferToDevice(
-          handle, decoder, s.state, bitstream, stream),
-      name);
-  nvjpegImage_t image{};
-  image.channel[0] = out.data_ptr<uint8_t>();
-  image.pitch[0] = size_t(out.size(1)) * 3;
-  LAMP_NVJPEG_CHECK_IMAGE(
-      nvjpegDecodeJpegDevice(handle, decoder, s.state, &image, stream), name);
-  C10_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  Slot* s = nullptr;
+  try {
+    LAMP_NVJPEG_CHECK_IMAGE(
+        nvjpegJpegStreamParse(handle, data, size, 0, 0, bitstream), name);
+    s = &slot();
+    LAMP_NVJPEG_CHECK_IMAGE(
+        nvjpegDecodeJpegHost(handle, decoder, s->state, params, bitstream),
+        name);
+    LAMP_NVJPEG_CHECK_IMAGE(
+        nvjpegDecodeJpegTransferToDevice(
+            handle, decoder, s->state, bitstream, stream),
+        name);
+    nvjpegImage_t image{};
+    image.channel[0] = out.data_ptr<uint8_t>();
+    image.pitch[0] = size_t(out.size(1)) * 3;
+    LAMP_NVJPEG_CHECK_IMAGE(
+        nvjpegDecodeJpegDevice(handle, decoder, s->state, &image, stream),
+        name);
+    C10_CUDA_CHECK(cudaEventRecord(s->done, stream));
+  } catch (...) {
+    // NOTE: nvJPEG's states after a failed image are not documented to be
+    // reusable: see Note [nvJPEG streams and threads].
+    if (s != nullptr) {
+      retire(*s, stream);
+    }
+    renew(bitstream);
+    throw;
+  }
 }
 
 NvjpegDecoder::NvjpegDecoder(
@@ -504,7 +541,8 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     const std::vector<const uint8_t*>& data,
     const std::vector<size_t>& sizes,
     const std::vector<std::string>& names,
-    cudaStream_t stream) {
+    cudaStream_t stream,
+    std::vector<std::optional<NvjpegFailure>>* failures) {
   Impl& d = *impl_;
   const size_t n = data.size();
   TORCH_CHECK(
@@ -565,14 +603,47 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     }
   } batch_end{d, parity, stream};
 
+  if (failures != nullptr) {
+    failures->assign(n, std::nullopt);
+  }
+  // Runs `step` for image i; with `failures`, a bad or unsupported image is
+  // noted there instead of thrown. Returns whether the step succeeded.
+  auto attempt = [&](size_t i, auto&& step) {
+    try {
+      step();
+      return true;
+    } catch (const c10::NotImplementedError& e) {
+      if (failures == nullptr) {
+        throw;
+      }
+      (*failures)[i] = NvjpegFailure{true, e.what_without_backtrace()};
+    } catch (const c10::ValueError& e) {
+      if (failures == nullptr) {
+        throw;
+      }
+      (*failures)[i] = NvjpegFailure{false, e.what_without_backtrace()};
+    }
+    return false;
+  };
   std::vector<ImageInfo> info(n);
+  std::vector<char> failed(n, 0);
   for (size_t i = 0; i < n; ++i) {
-    info[i] = d.inspect(bitstreams[i], data[i], sizes[i], names[i]);
+    failed[i] = !attempt(i, [&] {
+      try {
+        info[i] = d.inspect(bitstreams[i], data[i], sizes[i], names[i]);
+      } catch (...) {
+        d.renew(bitstreams[i]);
+        throw;
+      }
+    });
   }
   std::vector<torch::Tensor> out(n);
   std::vector<size_t> hardware_ids;
   std::vector<size_t> cuda_ids;
   for (size_t i = 0; i < n; ++i) {
+    if (failed[i]) {
+      continue;
+    }
     out[i] = at::empty(
         {info[i].height, info[i].width, 3},
         at::TensorOptions().dtype(at::kByte).device(at::kCUDA, d.device));
@@ -585,8 +656,16 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     cuda_ids.insert(cuda_ids.begin(), hardware_ids.begin(), hardware_ids.end());
     hardware_ids.clear();
   }
+  int64_t cuda_decoded = 0;
   for (size_t i : cuda_ids) {
-    d.decode_cuda(bitstreams[i], data[i], sizes[i], names[i], out[i], stream);
+    if (attempt(i, [&] {
+          d.decode_cuda(
+              bitstreams[i], data[i], sizes[i], names[i], out[i], stream);
+        })) {
+      ++cuda_decoded;
+    } else {
+      out[i] = at::Tensor();
+    }
   }
   if (hardware_failed && ++d.hardware_failures == 3) {
     // NOTE: three batches in a row that the engines failed and the CUDA
@@ -599,7 +678,7 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
         " decodes with the CUDA backend from now on");
   }
   d.hardware_count = int64_t(hardware_ids.size());
-  d.cuda_count = int64_t(cuda_ids.size());
+  d.cuda_count = cuda_decoded;
   return out;
 }
 
@@ -621,6 +700,10 @@ c10::DeviceIndex NvjpegDecoder::device() const {
 
 int NvjpegDecoder::max_batch_size() const {
   return impl_->max_batch_size;
+}
+
+bool nvjpeg_supports(const JpegLayout& layout) {
+  return layout.problem.empty() && unsupported_reason(layout) == nullptr;
 }
 
 bool nvjpeg_available(c10::DeviceIndex device) {

@@ -12,12 +12,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <lamp/export.h>
 
 namespace lamp::data::detail {
+
+/// Why NvjpegDecoder::decode did not decode one image of a batch.
+struct NvjpegFailure {
+  /// A JPEG nvJPEG cannot decode (c10::NotImplementedError): decode it on
+  /// the CPU. false: a corrupt or truncated file (c10::ValueError).
+  bool unsupported = false;
+  /// What is wrong, naming the file.
+  std::string message;
+};
 
 /// Options of NvjpegDecoder.
 struct NvjpegDecoderOptions {
@@ -38,10 +48,13 @@ struct NvjpegDecoderOptions {
 /// CUDA backend.
 ///
 /// Errors name the file (`names[i]`): a corrupt or truncated JPEG throws
-/// c10::Error; a JPEG that nvJPEG cannot decode (CMYK/YCCK, 3 components in
-/// RGB colour space, 12-bit, arithmetic-coded, lossless) throws
-/// c10::NotImplementedError whose message says "unsupported by nvJPEG": the
-/// loader decodes that file on the CPU instead.
+/// c10::ValueError; a JPEG that nvJPEG cannot decode (CMYK/YCCK, 3
+/// components in RGB colour space, 12-bit, arithmetic-coded, lossless)
+/// throws c10::NotImplementedError whose message says "unsupported by
+/// nvJPEG": the loader decodes that file on the CPU instead. Anything else
+/// (out of memory, a failing GPU) throws c10::Error. After any error the
+/// nvJPEG state the image used is made anew, so one bad file never affects
+/// another.
 ///
 /// See Note [nvJPEG streams and threads]
 ///
@@ -73,11 +86,16 @@ class LAMP_API NvjpegDecoder {
   /// allocated with `stream` current. At most max_batch_size() images.
   /// When some go to the hardware engines, first waits on the host until
   /// `stream` is idle (see the Note): give the decoder a stream of its own.
+  ///
+  /// With `failures`: an image that is corrupt, truncated or unsupported
+  /// gets an undefined tensor and its reason in (*failures)[i] (resized to
+  /// the batch), instead of throwing, and the other images decode.
   std::vector<torch::Tensor> decode(
       const std::vector<const uint8_t*>& data,
       const std::vector<size_t>& sizes,
       const std::vector<std::string>& names,
-      cudaStream_t stream);
+      cudaStream_t stream,
+      std::vector<std::optional<NvjpegFailure>>* failures = nullptr);
 
   /// How many images of the last decode() call the hardware engines decoded,
   /// and how many the CUDA backend did.
@@ -95,6 +113,12 @@ class LAMP_API NvjpegDecoder {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+struct JpegLayout;
+
+/// Whether nvJPEG decodes a JPEG of this layout (jpeg_markers.h): a whole
+/// file, 8-bit, Huffman-coded, 1 or 3 components in YCbCr or grey.
+LAMP_API bool nvjpeg_supports(const JpegLayout& layout);
 
 /// Whether nvJPEG works on `device`: the device exists and nvJPEG can create
 /// a handle for it. Cached per device; never throws.

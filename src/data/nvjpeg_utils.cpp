@@ -82,7 +82,7 @@ void throw_nvjpeg_error(
               "); decode it on the CPU (lamp::data::decode_image)"));
     case NVJPEG_STATUS_BAD_JPEG:
     case NVJPEG_STATUS_INCOMPLETE_BITSTREAM:
-      throw c10::Error(
+      throw c10::ValueError(
           where,
           c10::str(
               "lamp: cannot decode ",

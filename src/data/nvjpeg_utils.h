@@ -21,8 +21,8 @@ const char* nvjpeg_status_name(nvjpegStatus_t status);
 
 /// Throws for a failed nvJPEG call: c10::Error saying which call, which
 /// status and which nvJPEG. With `image` (the file's name): a corrupt or
-/// truncated JPEG is a c10::Error naming the file, a JPEG nvJPEG does not
-/// support a c10::NotImplementedError saying "unsupported by nvJPEG".
+/// truncated JPEG is a c10::ValueError naming the file, a JPEG nvJPEG does
+/// not support a c10::NotImplementedError saying "unsupported by nvJPEG".
 [[noreturn]] void throw_nvjpeg_error(
     nvjpegStatus_t status,
     const char* call,

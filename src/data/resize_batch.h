@@ -1,12 +1,16 @@
 #pragma once
 
-// Internal: the training and evaluation transforms of a whole batch of
-// GPU-decoded images in one kernel launch (src/data/resize_kernel.cu),
-// instead of LibTorch's per-image interpolate (about seven kernels an image).
-// Built only with LAMP_WITH_NVJPEG, whose loader path is its one user.
+// Internal: a whole batch of lamp::data's loader made on the GPU in one
+// kernel launch (src/data/resize_kernel.cu): the training or evaluation
+// transform of each GPU-decoded image, the rows the CPU decoded taken as
+// they are, and, for the network's input, the normalisation, the cast and
+// the memory format in the same pass (instead of LibTorch's per-image
+// interpolate, about seven kernels an image, and a normalisation of four
+// passes over the batch).
 
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -16,12 +20,37 @@
 
 namespace lamp::data::detail {
 
-// Writes transform_decoded_into(recipe, placements[k], images[k], ...) into
-// out[rows[k]] for every k, on the current CUDA stream. `images`: uint8
-// [H, W, 3] contiguous on out's device, in use on the current stream;
-// `out`: uint8 [N, S, S, 3] contiguous, S = recipe.image_size. Equal to
-// LibTorch's CUDA interpolate(antialias=True) + round + clamp path up to
-// float contraction (tests/resize_batch_test.cpp).
+// One row of a batch: `image` (uint8 [H, W, 3] contiguous, on the output's
+// device, in use on the current stream) transformed by the recipe with
+// `placement`, or, `as_is`, already the row's S x S pixels.
+struct RowSource {
+  torch::Tensor image;
+  Placement placement;
+  int64_t row = 0;
+  bool as_is = false;
+};
+
+// (x / 255 - mean) / std per RGB channel.
+struct Normalization {
+  std::array<double, 3> mean{};
+  std::array<double, 3> std{};
+};
+
+// Writes row `sources[k].row` of `out` for every k, on the current CUDA
+// stream. `out`: uint8 [N, S, S, 3] contiguous (`normalization` null), or
+// float, half or bfloat16 [N, 3, S, S] of any strides (NCHW or
+// channels-last) holding the normalised pixels, equal to LibTorch's
+// `x.div_(255).sub_(mean).div_(std)` on the uint8 rows, then cast.
+// S = recipe.image_size. The transform equals LibTorch's CUDA
+// interpolate(antialias=True) + round + clamp path up to float contraction
+// (tests/resize_batch_test.cpp).
+LAMP_API void write_rows(
+    const Recipe& recipe,
+    const std::vector<RowSource>& sources,
+    const Normalization* normalization,
+    torch::Tensor& out);
+
+// write_rows to uint8 rows: image k to row rows[k] with placements[k].
 LAMP_API void resize_into_rows(
     const Recipe& recipe,
     const std::vector<Placement>& placements,

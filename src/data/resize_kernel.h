@@ -1,10 +1,12 @@
 #pragma once
 
-// Internal: one CUDA kernel that crops, resizes (antialiased bilinear) and
-// mirrors a whole batch of uint8 RGB images, for the nvJPEG path of
-// lamp::data's loader. Plain CUDA, no LibTorch types, so nvcc compiles it
-// without LibTorch's headers; src/data/resize_batch.h is the tensor-level
-// entry point.
+// Internal: one CUDA kernel that makes a whole batch of lamp::data's loader
+// from uint8 RGB images on the GPU: it crops, resizes (antialiased
+// bilinear) and mirrors each image (nvJPEG's), or takes it as it is (the
+// rows the CPU decoded), and writes the network's input: uint8 pixels, or
+// normalised float, half or bfloat16 at any strides (NCHW or channels-last).
+// Plain CUDA, no LibTorch types, so nvcc compiles it without LibTorch's
+// headers; src/data/resize_batch.h is the tensor-level entry point.
 
 #include <cuda_runtime_api.h>
 
@@ -30,15 +32,37 @@ struct ResizeJob {
   int32_t row;
 };
 
-// Writes `count` rows of `out` (uint8 [rows, size, size, 3]) from `jobs`, an
-// array in device memory, on `stream`. The arithmetic is that of LibTorch's
-// CUDA antialiased bilinear interpolation (_upsample_bilinear2d_aa) in
-// float32, rounded half to even and clamped to [0, 255].
+// The element type of the output.
+enum class ResizeOutputType : int32_t { kUInt8, kFloat, kHalf, kBFloat16 };
+
+// Where and how the kernel writes image `row`'s pixel (y, x), channel c: at
+// data + row * stride_n + c * stride_c + y * stride_y + x * stride_x
+// (elements). uint8 output is the pixel; the others are
+// (pixel / 255 - mean[c]) / std[c] computed as LibTorch's CUDA ops compute
+// `x.div_(255).sub_(mean).div_(std)` in float32 (x * (1 / 255.f), then the
+// subtraction, then a true division, none contracted), then converted.
+struct ResizeOutput {
+  void* data;
+  ResizeOutputType type;
+  int64_t stride_n;
+  int64_t stride_c;
+  int64_t stride_y;
+  int64_t stride_x;
+  float mean[3];
+  float std[3];
+};
+
+// Writes `count` images of `out` (size x size each) from `jobs`, an array
+// in device memory, on `stream`. The arithmetic is that of LibTorch's CUDA
+// antialiased bilinear interpolation (_upsample_bilinear2d_aa) in float32,
+// rounded half to even and clamped to [0, 255]; a job whose region, resized
+// size and output are all size x size at offset 0 copies its pixels (the
+// interpolation would give them unchanged).
 cudaError_t launch_resize_batch(
     const ResizeJob* jobs,
     int count,
     int size,
-    uint8_t* out,
+    const ResizeOutput& out,
     cudaStream_t stream);
 
 } // namespace lamp::data::detail

@@ -4,6 +4,8 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
+#include "image_decoder_detail.h"
+
 namespace lamp::data::detail {
 namespace {
 
@@ -62,7 +64,49 @@ void transform_decoded_into(
   }
 }
 
-void transform_into(
+namespace {
+
+// Decodes the part of the image that `placement` needs and transforms it
+// into `out`.
+std::string decode_and_transform(
+    const Recipe& recipe,
+    const ImageHeader& header,
+    Placement placement,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    torch::Tensor& decoded,
+    torch::Tensor out) {
+  // The crop's window depends only on the image's size: a JPEG's other
+  // rows and columns need not be decoded at all.
+  CropBox region{0, 0, header.height, header.width};
+  if (recipe.train && recipe.partial_decode &&
+      header.format == ImageFormat::kJpeg) {
+    region = placement.box;
+    placement.box.top = 0;
+    placement.box.left = 0;
+  }
+  const int64_t bytes_needed = region.height * region.width * 3;
+  if (!decoded.defined() || decoded.numel() < bytes_needed) {
+    decoded = torch::empty({bytes_needed}, torch::kUInt8);
+  }
+  auto image =
+      decoded.narrow(0, 0, bytes_needed).view({region.height, region.width, 3});
+  std::string problem = decode_image_region(
+      bytes.data(),
+      bytes.size(),
+      path,
+      header,
+      region,
+      image.data_ptr<uint8_t>());
+  if (problem.empty()) {
+    transform_decoded_into(recipe, placement, image, std::move(out));
+  }
+  return problem;
+}
+
+} // namespace
+
+std::string transform_into(
     const Recipe& recipe,
     int64_t epoch,
     int64_t index,
@@ -70,10 +114,37 @@ void transform_into(
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
-  decoded = decode_image(bytes.data(), bytes.size(), path, decoded);
-  const Placement placement =
-      place(recipe, epoch, index, decoded.size(0), decoded.size(1));
-  transform_decoded_into(recipe, placement, decoded, std::move(out));
+  ImageHeader header;
+  const std::string problem =
+      read_image_header(bytes.data(), bytes.size(), path, &header);
+  if (!problem.empty()) {
+    return problem;
+  }
+  return decode_and_transform(
+      recipe,
+      header,
+      place(recipe, epoch, index, header.height, header.width),
+      bytes,
+      path,
+      decoded,
+      std::move(out));
+}
+
+std::string transform_placed_into(
+    const Recipe& recipe,
+    const Placement& placement,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    torch::Tensor& decoded,
+    torch::Tensor out) {
+  ImageHeader header;
+  const std::string problem =
+      read_image_header(bytes.data(), bytes.size(), path, &header);
+  if (!problem.empty()) {
+    return problem;
+  }
+  return decode_and_transform(
+      recipe, header, placement, bytes, path, decoded, std::move(out));
 }
 
 } // namespace lamp::data::detail

@@ -22,6 +22,8 @@ struct Recipe {
   std::array<double, 2> scale{0.08, 1.0};
   std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
   uint64_t seed = 0;
+  // Training: decode only the crop of a JPEG (and a margin), not all of it.
+  bool partial_decode = true;
 };
 
 // The generator of sample `index` (dataset index) in `epoch`: a fixed
@@ -43,11 +45,23 @@ Placement place(
     int64_t width);
 
 // Decodes `bytes` (file `path`) and writes the transformed image into `out`,
-// uint8 [S, S, 3] (a row of a pinned batch).
-void transform_into(
+// uint8 [S, S, 3] (a row of a pinned batch); `decoded` is the calling
+// thread's buffer, grown as needed. Returns "" or what is wrong with the
+// image (an image that cannot be decoded); throws for anything else.
+std::string transform_into(
     const Recipe& recipe,
     int64_t epoch,
     int64_t index,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    torch::Tensor& decoded,
+    torch::Tensor out);
+
+// transform_into for a sample whose placement was drawn already (a row the
+// GPU could not decode after all).
+std::string transform_placed_into(
+    const Recipe& recipe,
+    const Placement& placement,
     const std::vector<uint8_t>& bytes,
     const std::string& path,
     torch::Tensor& decoded,

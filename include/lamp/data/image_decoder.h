@@ -1,8 +1,8 @@
 #pragma once
 
-// Decoding image files to RGB pixels on the CPU: JPEG with libjpeg-turbo's
-// TurboJPEG API, PNG with libpng. lamp::data::ImageLoader calls these from
-// its decode threads; they are also usable alone.
+// Decoding image files to RGB pixels on the CPU: JPEG with libjpeg-turbo,
+// PNG with libpng. lamp::data::ImageLoader decodes with the same code on its
+// decode threads; these functions are also usable alone.
 
 #include <torch/types.h>
 
@@ -22,6 +22,11 @@ enum class ImageFormat { kJpeg, kPng, kUnknown };
 /// from its file name: a JPEG starts with FF D8 FF, a PNG with 89 'PNG'.
 LAMP_API ImageFormat image_format(const uint8_t* data, size_t size);
 
+/// The most pixels (height x width) lamp decodes in one image: Pillow's
+/// decompression-bomb error threshold (2 x Image.MAX_IMAGE_PIXELS). A larger
+/// image is an error rather than an allocation of gigabytes.
+constexpr int64_t kMaxImagePixels = 2 * 89478485;
+
 /// The width and height of an encoded JPEG or PNG, read from its header
 /// without decoding the pixels. `name` (e.g. the file's path) appears in the
 /// error thrown for a corrupt, truncated or unsupported image.
@@ -34,18 +39,21 @@ image_size(const uint8_t* data, size_t size, const std::string& name);
 
 /// Decodes an encoded JPEG or PNG held in memory to RGB: a uint8 CPU tensor
 /// of shape [height, width, 3] (the layout of a PIL image's
-/// `np.asarray(img.convert("RGB"))`). Grayscale, CMYK and palette images are
-/// converted to RGB; PNG alpha is dropped (what `convert("RGB")` does) and
-/// 16-bit PNG samples are reduced to 8 bits.
+/// `np.asarray(img.convert("RGB"))`). Grayscale, palette, CMYK and YCCK
+/// images are converted to RGB as `convert("RGB")` converts them; PNG alpha
+/// is dropped (what `convert("RGB")` does) and 16-bit PNG samples are
+/// reduced to 8 bits.
 ///
 /// JPEG uses libjpeg-turbo's accurate integer DCT and fancy upsampling,
 /// Pillow's defaults, so the pixels equal Pillow's when both link the same
 /// libjpeg-turbo. `out`, if defined, is reused when it is a contiguous uint8
 /// CPU tensor of the right size (e.g. a decode thread's buffer).
 ///
-/// Throws `c10::Error` naming `name` for a corrupt or truncated image and for
-/// formats other than JPEG and PNG (convert those, or leave them out of the
-/// folder with ImageFolderOptions::extensions).
+/// Throws `c10::Error` naming `name` for a corrupt or truncated image, for
+/// an image of more than kMaxImagePixels pixels and for formats other than
+/// JPEG and PNG (convert those, or leave them out of the folder with
+/// ImageFolderOptions::extensions). A failure leaves nothing behind: the
+/// next image decodes as if it were the first.
 ///
 /// Example:
 /// \code

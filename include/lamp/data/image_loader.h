@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <lamp/export.h>
@@ -24,6 +25,20 @@ class ImageFolder;
 using Range = std::array<double, 2>;
 /// A value per RGB channel.
 using PerChannel = std::array<double, 3>;
+
+/// Where an ImageLoader decodes JPEGs.
+enum class ImageDecode {
+  /// On the CPU (libjpeg-turbo), in the decode threads.
+  kCpu,
+  /// On the GPU (nvJPEG: the GPU's hardware JPEG engines where it has them,
+  /// else its CUDA backend); needs a CUDA device and a lamp built with
+  /// nvJPEG. PNGs and JPEGs nvJPEG cannot decode go to the CPU.
+  kGpu,
+  /// Both at once when the device is CUDA and lamp has nvJPEG: each batch is
+  /// split between the GPU and the decode threads in proportion to their
+  /// measured rates, so that both finish together; otherwise kCpu.
+  kAuto,
+};
 
 /// Options of ImageLoader; defaults are those of torchvision's ImageNet
 /// training recipe (RandomResizedCrop(224) + RandomHorizontalFlip +
@@ -72,13 +87,34 @@ struct LAMP_API ImageLoaderOptions {
   TORCH_ARG(int64_t, num_threads) = 8;
   /// Batches prepared ahead of the one being used. Default: 2.
   TORCH_ARG(int64_t, prefetch) = 2;
-  /// Decode JPEGs on the GPU (nvJPEG, with the hardware decoder where the
-  /// GPU has one); needs a CUDA `device` and a lamp built with nvJPEG. PNGs
-  /// and JPEGs nvJPEG rejects are decoded on the CPU. Default: false.
-  TORCH_ARG(bool, gpu_decode) = false;
-  /// Skip images that cannot be decoded (counted, warned once) instead of
-  /// throwing; the batch holding one is that much shorter. Default: false.
+  /// Where JPEGs are decoded (ImageDecode). Default: kAuto.
+  TORCH_ARG(ImageDecode, decode) = ImageDecode::kAuto;
+  /// Training transform: decode only the rows and columns of a JPEG that the
+  /// crop keeps (and a margin), not the whole image; the pixels are the
+  /// same. false decodes every image whole (for comparisons). Default: true.
+  TORCH_ARG(bool, partial_decode) = true;
+  /// Skip images that cannot be decoded (a corrupt, truncated or unsupported
+  /// file; counted, warned once) instead of throwing; the batch holding one
+  /// is that much shorter. Reading a file (an I/O error) and everything else
+  /// still throws. Default: false.
   TORCH_ARG(bool, skip_bad_images) = false;
+  /// With skip_bad_images: a skipped image's row holds a copy of another
+  /// image of the same batch (the next good one) with its target, so that
+  /// every batch keeps its size (e.g. a CUDA graph's static input). A batch
+  /// without any decodable image then throws. Default: false.
+  TORCH_ARG(bool, replace_bad_images) = false;
+
+ public:
+  /// The former switch: true is decode(ImageDecode::kGpu), false
+  /// decode(ImageDecode::kCpu).
+  ImageLoaderOptions& gpu_decode(bool on) {
+    decode_ = on ? ImageDecode::kGpu : ImageDecode::kCpu;
+    return *this;
+  }
+  /// Whether decode() is kGpu.
+  bool gpu_decode() const {
+    return decode_ == ImageDecode::kGpu;
+  }
 };
 
 /// One batch: images [n, 3, S, S] on the options' device, dtype and memory
@@ -142,9 +178,18 @@ class LAMP_API ImageLoader {
   /// Batches in one epoch on this rank.
   int64_t batches_per_epoch() const;
 
-  /// Images skipped so far because they could not be decoded
-  /// (skip_bad_images).
+  /// Images left out (skip_bad_images) of the batches that next() has
+  /// returned in the current epoch, each counted once; set_epoch() and
+  /// seek() start a new count.
   int64_t skipped_images() const;
+
+  /// Their files, in the order their batches were returned.
+  std::vector<std::string> skipped_paths() const;
+
+  /// Of the images next() has returned since the loader was made, how many
+  /// the GPU decoded (ImageDecode::kGpu or kAuto) and how many the CPU did.
+  int64_t gpu_decoded_images() const;
+  int64_t cpu_decoded_images() const;
 
   const ImageLoaderOptions& options() const;
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The image pipeline on a one-GPU host, in under 10 minutes: builds lamp
+# (with nvJPEG), runs the lamp::data tests (CPU and GPU), writes the photo
+# and hard benchmark sets (benchmarks/make_jpegs.py), times the loader alone
+# (every decoder, partial decode on and off, torchvision's DataLoader and
+# torchvision.io.decode_jpeg on the GPU) and ResNet-50 fp16 channels-last
+# bs256 graphed on each set against the same step on synthetic data.
+#
+# Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
+# STEPS (default all): any of build tests sets loader e2e, comma-separated.
+# Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
+# with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
+# with torch, torchvision and Pillow. Writes to $OUT:
+#   build.log, tests.log, sets.log, loader.jsonl, e2e_*.log / e2e_*.jsonl.
+set -u
+OUT=${OUT:?set OUT to the folder for the logs}
+STEPS=${1:-build,tests,sets,loader,e2e}
+mkdir -p "$OUT"
+ROOT=$PWD
+B=/tmp/b
+T0=$(date +%s)
+say() { echo "[issue25 $(($(date +%s) - T0))s] $*"; }
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH="$ROOT/.deps/usr/lib/x86_64-linux-gnu:$ROOT/.deps/lib/x86_64-linux-gnu:$ROOT/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
+
+if want build; then
+  say "configure + build"
+  {
+    nvidia-smi -L
+    cmake -S . -B "$B" -G Ninja -DCMAKE_PREFIX_PATH="$ROOT/.deps/usr" \
+      -DCMAKE_CXX_FLAGS="-isystem $ROOT/.deps/usr/include/x86_64-linux-gnu" \
+      -DNVJPEG_ROOT="$ROOT/.deps/nvjpeg/nvidia/cu13" -DLAMP_WITH_NVJPEG=ON \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 &&
+      cmake --build "$B" -j16
+  } > "$OUT/build.log" 2>&1
+  status=$?
+  grep -E "lamp: " "$OUT/build.log"
+  if [ $status -ne 0 ]; then
+    say "build failed"
+    grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80
+    exit 1
+  fi
+fi
+
+if want sets; then
+  # In the background while the tests run.
+  say "benchmark sets"
+  (
+    python3 benchmarks/make_jpegs.py /tmp/photo/train --classes 100 --per-class 60
+    python3 benchmarks/make_jpegs.py /tmp/photo/val --classes 100 --per-class 3 --seed 1
+    python3 benchmarks/make_jpegs.py /tmp/hard/train --profile hard --classes 100 --per-class 40
+    python3 benchmarks/make_jpegs.py /tmp/hard/val --profile hard --classes 100 --per-class 3 --seed 1
+  ) > "$OUT/sets.log" 2>&1 &
+  SETS=$!
+fi
+
+if want tests; then
+  say "tests"
+  timeout 300 "$B/tests/lamp_tests" --gtest_brief=1 \
+    --gtest_filter='Nvjpeg*:ResizeBatch*:JpegMarkers*:ImageLoader*:ImageDecoder*:Transforms*:ImageFolder*:DecodeSplit*' \
+    > "$OUT/tests.log" 2>&1
+  say "lamp_tests exit $?"
+  grep -E "PASSED|FAILED|SKIPPED|Failure|nvjpeg  |error" "$OUT/tests.log" | head -60
+  (cd "$B" && timeout 120 ctest -R 'example.resnet50_amp.(bad_image|data_resume|cuda_fused_bn_graph)' \
+    --output-on-failure) >> "$OUT/tests.log" 2>&1
+  grep -E "tests passed|tests failed|Failed|Passed" "$OUT/tests.log" | tail -6
+fi
+
+if [ -n "${SETS:-}" ]; then
+  wait $SETS
+  cat "$OUT/sets.log"
+fi
+
+L=$B/benchmarks/image_loader
+if want loader; then
+  say "loader alone (photo profile)"
+  for args in "--decode cpu" "--decode cpu --no-partial-decode" "--decode gpu" \
+      "--decode gpu --no-partial-decode" "--decode auto"; do
+    timeout 90 $L --data /tmp/photo/train --threads 16 --batches 120 $args |
+      tee -a "$OUT/loader.jsonl"
+  done
+  timeout 90 $L --data /tmp/hard/train --threads 16 --batches 60 --decode auto |
+    sed 's/^{/{"set": "hard", /' | tee -a "$OUT/loader.jsonl"
+  timeout 120 python3 benchmarks/image_loader.py --data /tmp/photo/train \
+    --decode-jpeg-cuda --batches 60 | tee -a "$OUT/loader.jsonl"
+  timeout 150 python3 benchmarks/image_loader.py --data /tmp/photo/train \
+    --workers 16 --batches 60 | tee -a "$OUT/loader.jsonl"
+fi
+
+if want e2e; then
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph --log-every 100"
+  say "end to end"
+  timeout 60 $R $COMMON --steps 30 --warmup 5 \
+    --metrics "$OUT/e2e_synthetic.jsonl" > "$OUT/e2e_synthetic.log" 2>&1
+  for set in photo hard; do
+    timeout 120 $R $COMMON --data /tmp/$set --epochs 2 --warmup 5 --workers 16 \
+      --metrics "$OUT/e2e_$set.jsonl" > "$OUT/e2e_$set.log" 2>&1
+    say "e2e $set exit $?"
+  done
+  for f in "$OUT"/e2e_*.log; do
+    echo "== $f"
+    grep -E "epoch|precision|fp16 |skipped|error|Error" "$f" | tail -6
+  done
+fi
+say "done"
