@@ -17,7 +17,7 @@ OUT=${OUT:?set OUT to the folder for the logs}
 STEPS=${1:-build,tests,sets,loader,e2e}
 mkdir -p "$OUT"
 ROOT=$PWD
-B=/tmp/b
+B=$ROOT/build-gpu
 T0=$(date +%s)
 say() { echo "[issue25 $(($(date +%s) - T0))s] $*"; }
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -47,10 +47,10 @@ if want sets; then
   # In the background while the tests run.
   say "benchmark sets"
   (
-    python3 benchmarks/make_jpegs.py /tmp/photo/train --classes 100 --per-class 60
-    python3 benchmarks/make_jpegs.py /tmp/photo/val --classes 100 --per-class 3 --seed 1
-    python3 benchmarks/make_jpegs.py /tmp/hard/train --profile hard --classes 100 --per-class 40
-    python3 benchmarks/make_jpegs.py /tmp/hard/val --profile hard --classes 100 --per-class 3 --seed 1
+    python3 benchmarks/make_jpegs.py $ROOT/.sets/photo/train --classes 100 --per-class 60
+    python3 benchmarks/make_jpegs.py $ROOT/.sets/photo/val --classes 100 --per-class 3 --seed 1
+    python3 benchmarks/make_jpegs.py $ROOT/.sets/hard/train --profile hard --classes 100 --per-class 40
+    python3 benchmarks/make_jpegs.py $ROOT/.sets/hard/val --profile hard --classes 100 --per-class 3 --seed 1
   ) > "$OUT/sets.log" 2>&1 &
   SETS=$!
 fi
@@ -77,25 +77,25 @@ if want loader; then
   say "loader alone (photo profile)"
   for args in "--decode cpu" "--decode cpu --no-partial-decode" "--decode gpu" \
       "--decode gpu --no-partial-decode" "--decode auto"; do
-    timeout 90 $L --data /tmp/photo/train --threads 16 --batches 120 $args |
+    timeout 90 $L --data $ROOT/.sets/photo/train --threads 16 --batches 120 $args |
       tee -a "$OUT/loader.jsonl"
   done
-  timeout 90 $L --data /tmp/hard/train --threads 16 --batches 60 --decode auto |
+  timeout 90 $L --data $ROOT/.sets/hard/train --threads 16 --batches 60 --decode auto |
     sed 's/^{/{"set": "hard", /' | tee -a "$OUT/loader.jsonl"
-  timeout 120 python3 benchmarks/image_loader.py --data /tmp/photo/train \
+  timeout 120 python3 benchmarks/image_loader.py --data $ROOT/.sets/photo/train \
     --decode-jpeg-cuda --batches 60 | tee -a "$OUT/loader.jsonl"
-  timeout 150 python3 benchmarks/image_loader.py --data /tmp/photo/train \
+  timeout 150 python3 benchmarks/image_loader.py --data $ROOT/.sets/photo/train \
     --workers 16 --batches 60 | tee -a "$OUT/loader.jsonl"
 fi
 
 if want e2e; then
   R=$B/examples/resnet50_amp
-  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph --log-every 100"
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
   say "end to end"
-  timeout 60 $R $COMMON --steps 30 --warmup 5 \
+  timeout 60 $R $COMMON --steps 30 --warmup 5 --log-every 10 \
     --metrics "$OUT/e2e_synthetic.jsonl" > "$OUT/e2e_synthetic.log" 2>&1
   for set in photo hard; do
-    timeout 120 $R $COMMON --data /tmp/$set --epochs 2 --warmup 5 --workers 16 \
+    timeout 120 $R $COMMON --data $ROOT/.sets/$set --epochs 2 --warmup 5 --workers 16 --log-every 1 \
       --metrics "$OUT/e2e_$set.jsonl" > "$OUT/e2e_$set.log" 2>&1
     say "e2e $set exit $?"
   done
