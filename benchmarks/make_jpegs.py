@@ -25,7 +25,12 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw, ImageFile, ImageFilter
+
+# NOTE: Pillow sizes its output buffer for progressive files at about a byte
+# a pixel; textured files at quality 95 need more ("Suspension not allowed
+# here").
+ImageFile.MAXBLOCK = 1 << 26
 
 
 def smooth(rng):
