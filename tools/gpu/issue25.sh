@@ -47,10 +47,10 @@ if want sets; then
   # In the background while the tests run.
   say "benchmark sets"
   (
-    python3 benchmarks/make_jpegs.py $ROOT/.sets/photo/train --classes 100 --per-class 60
-    python3 benchmarks/make_jpegs.py $ROOT/.sets/photo/val --classes 100 --per-class 3 --seed 1
-    python3 benchmarks/make_jpegs.py $ROOT/.sets/hard/train --profile hard --classes 100 --per-class 40
-    python3 benchmarks/make_jpegs.py $ROOT/.sets/hard/val --profile hard --classes 100 --per-class 3 --seed 1
+    python3 benchmarks/make_jpegs.py $B/sets/photo/train --classes 100 --per-class 60
+    python3 benchmarks/make_jpegs.py $B/sets/photo/val --classes 100 --per-class 3 --seed 1
+    python3 benchmarks/make_jpegs.py $B/sets/hard/train --profile hard --classes 100 --per-class 40
+    python3 benchmarks/make_jpegs.py $B/sets/hard/val --profile hard --classes 100 --per-class 3 --seed 1
   ) > "$OUT/sets.log" 2>&1 &
   SETS=$!
 fi
@@ -76,14 +76,14 @@ if want loader; then
   say "loader alone (photo profile)"
   for args in "--decode cpu" "--decode cpu --no-partial-decode" "--decode gpu" \
       "--decode gpu --no-partial-decode" "--decode auto"; do
-    timeout 90 $L --data $ROOT/.sets/photo/train --threads 16 --batches 120 $args \
+    timeout 90 $L --data $B/sets/photo/train --threads 16 --batches 120 $args \
       2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
   done
-  timeout 90 $L --data $ROOT/.sets/hard/train --threads 16 --batches 60 --decode auto 2>> "$OUT/loader.err" |
+  timeout 90 $L --data $B/sets/hard/train --threads 16 --batches 60 --decode auto 2>> "$OUT/loader.err" |
     sed 's/^{/{"set": "hard", /' | tee -a "$OUT/loader.jsonl"
-  timeout 120 python3 benchmarks/image_loader.py --data $ROOT/.sets/photo/train \
+  timeout 120 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
     --decode-jpeg-cuda --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
-  timeout 150 python3 benchmarks/image_loader.py --data $ROOT/.sets/photo/train \
+  timeout 150 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
     --workers 16 --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
 fi
 
@@ -94,7 +94,7 @@ if want e2e; then
   timeout 60 $R $COMMON --steps 30 --warmup 5 --log-every 10 \
     --metrics "$OUT/e2e_synthetic.jsonl" > "$OUT/e2e_synthetic.log" 2>&1
   for set in photo hard; do
-    timeout 120 $R $COMMON --data $ROOT/.sets/$set --epochs 2 --warmup 5 --workers 16 --log-every 1 \
+    timeout 120 $R $COMMON --data $B/sets/$set --epochs 2 --warmup 5 --workers 16 --log-every 1 \
       --metrics "$OUT/e2e_$set.jsonl" > "$OUT/e2e_$set.log" 2>&1
     say "e2e $set exit $?"
   done
