@@ -8,7 +8,8 @@ opening fence is
                                    `[snippet NAME]` and `[end snippet]` in
                                    PATH, less their common indentation.
 
-PATH is relative to the repository root. Without --write, prints every
+PATH is relative to the repository root. Every C++ block must be quoted.
+Without --write, prints every
 block that differs from its source and exits 1 (CTest: docs.snippets);
 with --write, rewrites those blocks from their sources.
 
@@ -51,6 +52,10 @@ def check(md, write):
         out.append(lines[i])
         m = MARKER.match(lines[i])
         if not m:
+            if lines[i].startswith("```cpp") and (
+                    i == 0 or not MARKER.match(lines[i - 1])):
+                problems.append(f"{md}:{i + 1}: C++ that no compiled file "
+                                "holds: quote it with a snippet marker")
             i += 1
             continue
         if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):

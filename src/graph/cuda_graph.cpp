@@ -3,13 +3,13 @@
 #include <lamp/config.h>
 #include <lamp/optim.h>
 
-#include "dist/backend.h"
+#include "../dist/backend.h"
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
 #if LAMP_WITH_CUDA
-#include "graph/memset_nodes.h"
+#include "memset_nodes.h"
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>

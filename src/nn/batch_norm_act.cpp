@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "../multi_tensor.h"
+#include "../optim/multi_tensor.h"
 #include "batch_norm_act_cudnn.h"
 
 namespace lamp::nn {
