@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -63,14 +64,27 @@ inline std::string run_python_oracle(
   return out;
 }
 
-/// Whether the oracle python can `import module`.
+/// Whether the oracle python can `import module`. A yes is remembered in
+/// the temporary folder (a file named after the python and the module), so
+/// that the many test processes of a run start that python once, not once
+/// each (importing torchvision takes seconds); a no is asked again.
 inline bool python_can_import(const std::string& module) {
   if (!have_python_oracle()) {
     return false;
   }
-  const std::string command = std::string("\"") + LAMP_TEST_PYTHON +
-      "\" -c \"import " + module + "\" > /dev/null 2>&1";
-  return std::system(command.c_str()) == 0;
+  const std::string python = LAMP_TEST_PYTHON;
+  const std::string memo = testing::TempDir() + "lamp_python_imports_" +
+      std::to_string(std::hash<std::string>{}(python + " " + module));
+  if (std::ifstream(memo).good()) {
+    return true;
+  }
+  const std::string command = std::string("\"") + python + "\" -c \"import " +
+      module + "\" > /dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) {
+    return false;
+  }
+  std::ofstream(memo) << python << " imports " << module << "\n";
+  return true;
 }
 
 /// Splits `text` into lines of whitespace-separated words.
@@ -152,7 +166,9 @@ inline void write_bytes(
     const std::vector<uint8_t>& bytes) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  if (!bytes.empty()) { // fwrite's buffer may not be null, even for 0 bytes
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  }
   std::fclose(f);
 }
 

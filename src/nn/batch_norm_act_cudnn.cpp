@@ -424,7 +424,6 @@ std::optional<at::Tensor> cudnn_batch_norm_act(
     return std::nullopt;
   }
 #else
-  (void)input;
   (void)residual;
   (void)weight;
   (void)bias;
@@ -433,7 +432,10 @@ std::optional<at::Tensor> cudnn_batch_norm_act(
   (void)momentum;
   (void)eps;
   (void)relu;
-  why = "lamp was built without cuDNN (LAMP_WITH_CUDNN=OFF)";
+  // NOTE: a CPU input's reason first, as in a build with cuDNN.
+  why = input.is_cuda()
+      ? std::string("lamp was built without cuDNN (LAMP_WITH_CUDNN=OFF)")
+      : c10::str("input is on ", input.device(), ", not CUDA");
   return std::nullopt;
 #endif
 }

@@ -1,0 +1,103 @@
+#pragma once
+
+// Internal: the state of a lamp::data::detail::NvjpegDecoder (its nvJPEG
+// handle, the hardware engines' state, the CUDA backend's slots and
+// bitstream handles), shared by nvjpeg_decoder.cpp (the public methods:
+// one batch's orchestration) and nvjpeg_backends.cpp (set-up, teardown and
+// each backend's decode). See Note [nvJPEG streams and threads] in
+// nvjpeg_decoder.cpp.
+
+#include "nvjpeg_decoder.h"
+#include "nvjpeg_utils.h"
+
+#include <cuda_runtime_api.h>
+#include <nvjpeg.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lamp::data::detail {
+
+constexpr size_t kSlots = 8;
+
+// The CUDA backend's resources for one image in flight.
+struct Slot {
+  nvjpegJpegState_t state = nullptr;
+  nvjpegBufferPinned_t pinned = nullptr;
+  cudaEvent_t done = nullptr;
+};
+
+// Destroys what `s` holds (made anew by Impl::slot() on its next turn).
+inline void release(Slot& s) {
+  if (s.done != nullptr) {
+    cudaEventDestroy(s.done);
+  }
+  if (s.state != nullptr) {
+    nvjpegJpegStateDestroy(s.state);
+  }
+  if (s.pinned != nullptr) {
+    nvjpegBufferPinnedDestroy(s.pinned);
+  }
+  s = Slot{};
+}
+
+struct ImageInfo {
+  int64_t height = 0;
+  int64_t width = 0;
+  bool hardware = false;
+};
+
+struct NvjpegDecoder::Impl {
+  c10::DeviceIndex device = 0;
+  int max_batch_size = 0;
+  NvjpegDecoderOptions options;
+  nvjpegHandle_t handle = nullptr;
+  bool hardware = false;
+  int hardware_failures = 0; // batches in a row
+  nvjpegJpegState_t hardware_state = nullptr;
+  cudaEvent_t hardware_done = nullptr;
+  nvjpegJpegDecoder_t decoder = nullptr;
+  nvjpegDecodeParams_t params = nullptr;
+  std::unique_ptr<CachingDeviceMemory> memory;
+  nvjpegBufferDevice_t device_buffer = nullptr;
+  std::vector<Slot> slots;
+  size_t next_slot = 0;
+  // Two sets of bitstream handles, used by alternate batches.
+  std::vector<nvjpegJpegStream_t> bitstreams[2];
+  cudaEvent_t batch_done[2] = {nullptr, nullptr};
+  int batch_parity = 0;
+  cudaStream_t last_stream = nullptr;
+  int64_t hardware_count = 0;
+  int64_t cuda_count = 0;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
+  void init();
+  Slot& slot();
+  void retire(Slot& s, cudaStream_t stream);
+  void renew(nvjpegJpegStream_t& bitstream);
+  ImageInfo inspect(
+      nvjpegJpegStream_t bitstream,
+      const uint8_t* data,
+      size_t size,
+      const std::string& name);
+  bool decode_hardware(
+      const std::vector<size_t>& ids,
+      const std::vector<const uint8_t*>& data,
+      const std::vector<size_t>& sizes,
+      const std::vector<std::string>& names,
+      std::vector<torch::Tensor>& out,
+      cudaStream_t stream);
+  void decode_cuda(
+      nvjpegJpegStream_t& bitstream,
+      const uint8_t* data,
+      size_t size,
+      const std::string& name,
+      torch::Tensor& out,
+      cudaStream_t stream);
+};
+
+} // namespace lamp::data::detail
