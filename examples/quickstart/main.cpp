@@ -1,6 +1,7 @@
 // lamp in 30 lines: an MLP trained with mixed precision (fp16 + loss
 // scaling on a GPU, bf16 on the CPU) and the sync-free fused Adam.
 #include <lamp/lamp.h>
+#include <torch/torch.h>
 
 #include <iostream>
 

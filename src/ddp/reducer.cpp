@@ -1,6 +1,6 @@
 #include "reducer.h"
 
-#include "../multi_tensor.h"
+#include "../optim/multi_tensor.h"
 #include "bucketing.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
