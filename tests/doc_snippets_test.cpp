@@ -204,8 +204,7 @@ TEST(DocSnippets, TheAutocastAndGradScalerSnippetsRunOnTheCpu) {
   auto model = small_model();
   const auto batches = small_batches(3);
   // Without a GPU the CUDA guard disables itself (with a warning).
-  const auto loss =
-      autocast_region(model, batches[0].first, batches[0].second);
+  const auto loss = autocast_region(model, batches[0].first, batches[0].second);
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
   const auto before = model->parameters()[0].clone();
   grad_scaler_loop(model, batches);

@@ -4,8 +4,8 @@
 #include <lamp/distributed.h>
 #include <lamp/optim.h>
 
-#include "non_finite_check.h"
 #include "../optim/multi_tensor.h"
+#include "non_finite_check.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>

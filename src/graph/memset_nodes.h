@@ -2,7 +2,8 @@
 
 // Internal: turns the memset nodes of a captured CUDA graph into kernel
 // nodes. Plain CUDA, no LibTorch types (nvcc compiles it without LibTorch's
-// headers); src/graph/cuda_graph.cpp calls it between capture and instantiation.
+// headers); src/graph/cuda_graph.cpp calls it between capture and
+// instantiation.
 
 #include <cuda_runtime_api.h>
 
