@@ -66,16 +66,27 @@ void transform_decoded_into(
 
 namespace {
 
-// Decodes the part of the image that `placement` needs and transforms it
-// into `out`.
-std::string decode_and_transform(
+// Reads the header, takes `given` or draws the sample's placement, decodes
+// the part of the image that the placement needs and transforms it into
+// `out`.
+std::string read_decode_transform(
     const Recipe& recipe,
-    const ImageHeader& header,
-    Placement placement,
+    const Placement* given,
+    int64_t epoch,
+    int64_t index,
     const std::vector<uint8_t>& bytes,
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
+  ImageHeader header;
+  std::string problem =
+      read_image_header(bytes.data(), bytes.size(), path, &header);
+  if (!problem.empty()) {
+    return problem;
+  }
+  Placement placement = given != nullptr
+      ? *given
+      : place(recipe, epoch, index, header.height, header.width);
   // The crop's window depends only on the image's size: a JPEG's other
   // rows and columns need not be decoded at all.
   CropBox region{0, 0, header.height, header.width};
@@ -91,7 +102,7 @@ std::string decode_and_transform(
   }
   auto image =
       decoded.narrow(0, 0, bytes_needed).view({region.height, region.width, 3});
-  std::string problem = decode_image_region(
+  problem = decode_image_region(
       bytes.data(),
       bytes.size(),
       path,
@@ -114,20 +125,8 @@ std::string transform_into(
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
-  ImageHeader header;
-  const std::string problem =
-      read_image_header(bytes.data(), bytes.size(), path, &header);
-  if (!problem.empty()) {
-    return problem;
-  }
-  return decode_and_transform(
-      recipe,
-      header,
-      place(recipe, epoch, index, header.height, header.width),
-      bytes,
-      path,
-      decoded,
-      std::move(out));
+  return read_decode_transform(
+      recipe, nullptr, epoch, index, bytes, path, decoded, std::move(out));
 }
 
 std::string transform_placed_into(
@@ -137,14 +136,8 @@ std::string transform_placed_into(
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
-  ImageHeader header;
-  const std::string problem =
-      read_image_header(bytes.data(), bytes.size(), path, &header);
-  if (!problem.empty()) {
-    return problem;
-  }
-  return decode_and_transform(
-      recipe, header, placement, bytes, path, decoded, std::move(out));
+  return read_decode_transform(
+      recipe, &placement, 0, 0, bytes, path, decoded, std::move(out));
 }
 
 } // namespace lamp::data::detail
