@@ -130,7 +130,11 @@ struct ImageBatch {
 ///
 /// Each sample's crop and flip come from a generator seeded by (seed, epoch,
 /// dataset index): the batches do not depend on the number of threads, and a
-/// run resumed with seek() sees the same batches. The order is
+/// run resumed with seek() sees the same images, crops and flips. Their
+/// pixels are bit-for-bit reproducible with ImageDecode::kCpu; with kGpu
+/// and kAuto nvJPEG's IDCT and the GPU's resize differ from the CPU's by a
+/// few levels, and under kAuto which images the GPU decodes depends on the
+/// measured rates. The order is
 /// DistributedSampler's (identical to Python's for the same seed, epoch,
 /// rank and world size). Batches on a CUDA device are ready on the stream
 /// that is current when next() returns (the loader's copy stream is waited
