@@ -7,7 +7,7 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all): any of build tests sets loader e2e, comma-separated.
+# STEPS (default all but probe): any of build tests sets loader probe e2e, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -48,6 +48,7 @@ if want sets; then
   say "benchmark sets"
   (
     python3 benchmarks/make_jpegs.py $B/sets/photo/train --classes 100 --per-class 60
+    [ -n "${PHOTO_ONLY:-}" ] && exit 0
     python3 benchmarks/make_jpegs.py $B/sets/photo/val --classes 100 --per-class 3 --seed 1
     python3 benchmarks/make_jpegs.py $B/sets/hard/train --profile hard --classes 100 --per-class 40
     python3 benchmarks/make_jpegs.py $B/sets/hard/val --profile hard --classes 100 --per-class 3 --seed 1
@@ -85,6 +86,28 @@ if want loader; then
     --decode-jpeg-cuda --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
   timeout 150 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
     --workers 16 --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
+fi
+
+if want probe; then
+  # Where the GPU half's ceiling is: nvJPEG alone with 1-3 decoders (threads,
+  # alternate batches), the CUDA backend alone, and the loader with fewer
+  # decode threads than cores (the stage thread's share of the CPU).
+  say "probe"
+  N=$B/benchmarks/nvjpeg_decoder
+  for d in 1 2 3; do
+    timeout 60 $N --data $B/sets/photo/train --decoders $d --batches 60 \
+      2>> "$OUT/probe.err" | tee -a "$OUT/probe.jsonl"
+  done
+  for d in 1 4; do
+    timeout 60 $N --data $B/sets/photo/train --decoders $d --batches 20 --cuda-backend \
+      2>> "$OUT/probe.err" | tee -a "$OUT/probe.jsonl"
+  done
+  for args in "--decode gpu --threads 4" "--decode gpu --threads 16" \
+      "--decode auto --threads 12" "--decode auto --threads 14" "--decode auto --threads 16" \
+      "--decode cpu --threads 16"; do
+    timeout 90 $L --data $B/sets/photo/train --batches 100 $args \
+      2>> "$OUT/probe.err" | tee -a "$OUT/probe.jsonl"
+  done
 fi
 
 if want e2e; then

@@ -1,0 +1,176 @@
+// Images/s of lamp's nvJPEG decoder alone (no crop, no resize, no loader):
+// the ceiling of the GPU half of ImageLoader's decode. The JPEGs of an
+// ImageFolder are read into memory once; `--decoders N` threads, each with
+// its own decoder and stream, take alternate batches of `--batch-size`
+// images, as N loader stages would. `--cuda-backend` keeps the hardware
+// engines out (nvJPEG's CUDA backend decodes all).
+//
+//   nvjpeg_decoder --data DIR [--decoders 1] [--batch-size 256]
+//                  [--batches 60] [--cuda-backend]
+//
+// Prints one JSON line: images/s, the share the engines decoded, and the
+// host time a decode() call takes (the stage thread's part of a batch).
+
+#include <lamp/data.h>
+
+#include <CLI/CLI.hpp>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/jpeg_markers.h"
+#include "data/nvjpeg_decoder.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct File {
+  std::string path;
+  std::vector<uint8_t> bytes;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  int decoders = 1;
+  int64_t batch_size = 256;
+  int64_t batches = 60;
+  int64_t max_files = 4096;
+  bool cuda_backend = false;
+  CLI::App app{"lamp's nvJPEG decoder alone"};
+  app.add_option("--data", dir, "an ImageFolder root")->required();
+  app.add_option("--decoders", decoders, "threads, a decoder each")
+      ->capture_default_str();
+  app.add_option("--batch-size", batch_size)->capture_default_str();
+  app.add_option("--batches", batches, "timed batches")->capture_default_str();
+  app.add_option("--max-files", max_files, "files read into memory")
+      ->capture_default_str();
+  app.add_flag("--cuda-backend", cuda_backend, "no hardware engines");
+  CLI11_PARSE(app, argc, argv);
+
+  lamp::data::ImageFolder folder(dir);
+  std::vector<File> files;
+  for (const auto& sample : folder.samples()) {
+    if (static_cast<int64_t>(files.size()) == max_files) {
+      break;
+    }
+    File f;
+    f.path = sample.path;
+    std::ifstream in(f.path, std::ios::binary);
+    f.bytes.assign(
+        std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    // Only what nvJPEG decodes (the loader sends the rest to the CPU).
+    if (lamp::data::detail::nvjpeg_supports(
+            lamp::data::detail::read_jpeg_layout(
+                f.bytes.data(), f.bytes.size()))) {
+      files.push_back(std::move(f));
+    }
+  }
+  TORCH_CHECK(
+      static_cast<int64_t>(files.size()) >= batch_size,
+      "nvjpeg_decoder: ",
+      files.size(),
+      " JPEGs that nvJPEG decodes in ",
+      dir,
+      "; need at least a batch");
+
+  std::atomic<int64_t> next_batch{-decoders}; // one warm-up batch each
+  std::atomic<int64_t> hardware{0};
+  std::atomic<int64_t> decoded{0};
+  std::vector<double> host_seconds(decoders, 0.0);
+  std::vector<int64_t> calls(decoders, 0);
+  std::atomic<int> ready{0};
+  Clock::time_point start;
+  auto work = [&](int t) {
+    c10::cuda::CUDAGuard guard(0);
+    lamp::data::detail::NvjpegDecoder decoder(
+        0,
+        static_cast<int>(batch_size),
+        lamp::data::detail::NvjpegDecoderOptions().hardware(!cuda_backend));
+    auto stream = c10::cuda::getStreamFromPool(false, 0);
+    for (;;) {
+      const int64_t b = next_batch++;
+      if (b >= batches) {
+        break;
+      }
+      std::vector<const uint8_t*> data;
+      std::vector<size_t> sizes;
+      std::vector<std::string> names;
+      for (int64_t i = 0; i < batch_size; ++i) {
+        const auto& f = files[((b + decoders) * batch_size + i) % files.size()];
+        data.push_back(f.bytes.data());
+        sizes.push_back(f.bytes.size());
+        names.push_back(f.path);
+      }
+      const auto t0 = Clock::now();
+      auto images = decoder.decode(data, sizes, names, stream.stream());
+      if (b >= 0) {
+        host_seconds[t] += since(t0);
+        ++calls[t];
+        hardware += decoder.hardware_decoded();
+        decoded += static_cast<int64_t>(images.size());
+      } else {
+        stream.synchronize();
+        if (++ready == decoders) {
+          start = Clock::now();
+        }
+        while (ready < decoders) {
+          std::this_thread::yield();
+        }
+      }
+    }
+    stream.synchronize();
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < decoders; ++t) {
+    threads.emplace_back(work, t);
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  const double s = since(start);
+  double host = 0;
+  int64_t n = 0;
+  for (int t = 0; t < decoders; ++t) {
+    host += host_seconds[t];
+    n += calls[t];
+  }
+  double bytes = 0;
+  double pixels = 0;
+  for (const auto& f : files) {
+    const auto layout =
+        lamp::data::detail::read_jpeg_layout(f.bytes.data(), f.bytes.size());
+    bytes += static_cast<double>(f.bytes.size());
+    pixels += static_cast<double>(layout.width) * layout.height;
+  }
+  std::printf(
+      "{\"impl\": \"lamp NvjpegDecoder\", \"decoders\": %d, \"backend\": "
+      "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
+      "\"hardware_share\": %.3f, \"host_ms_per_batch\": %.2f, "
+      "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f}\n",
+      decoders,
+      cuda_backend ? "cuda" : "hardware+cuda",
+      static_cast<long long>(batch_size),
+      static_cast<double>(decoded) / s,
+      static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
+      n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
+      files.size(),
+      pixels / static_cast<double>(files.size()) / 1e3,
+      bytes / static_cast<double>(files.size()) / 1e3);
+  return 0;
+}
