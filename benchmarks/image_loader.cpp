@@ -6,7 +6,8 @@
 // the same folder; benchmarks/make_jpegs.py writes one.
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
-//                [--no-partial-decode] [--threads 16] [--batch-size 256]
+//                [--no-partial-decode] [--threads 16] [--stage-threads 2]
+//                [--batch-size 256]
 //                [--batches 200]
 //
 // Prints one JSON line: images/s over the timed batches, the process's CPU
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   std::string decode = "auto";
   bool whole = false;
   int64_t threads = 16;
+  int64_t stage_threads = 2;
   int64_t batch_size = 256;
   int64_t batches = 200;
   int64_t warmup = 10;
@@ -61,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--no-partial-decode", whole, "decode whole JPEGs, not just the crop");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
+  app.add_option("--stage-threads", stage_threads, "stage threads (lanes)")
+      ->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str();
   app.add_option("--batches", batches, "timed batches")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed batches")->capture_default_str();
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
           .dtype(dev.is_cuda() ? torch::kHalf : torch::kFloat)
           .channels_last(true)
           .num_threads(threads)
+          .stage_threads(stage_threads)
           .prefetch(3)
           .decode(
               decode == "cpu"       ? lamp::data::ImageDecode::kCpu
@@ -129,12 +134,13 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, "
-      "\"threads\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
+      "\"threads\": %lld, \"stage_threads\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
       "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
       static_cast<long long>(threads),
+      static_cast<long long>(stage_threads),
       static_cast<long long>(batch_size),
       images / s,
       cpu / s / (images / s / 1000.0),

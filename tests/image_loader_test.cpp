@@ -149,9 +149,13 @@ TEST_F(ImageLoaderTest, BatchesDoNotDependOnThreadsAndResumeExactly) {
                      .seed(7)
                      .dtype(torch::kHalf)
                      .channels_last(true);
-  ImageLoader one(folder, ImageLoaderOptions(options).num_threads(1));
+  // One decode and one stage thread against several of each (stage threads
+  // take alternate batches, which must still come out in order).
+  ImageLoader one(
+      folder, ImageLoaderOptions(options).num_threads(1).stage_threads(1));
   ImageLoader many(
-      folder, ImageLoaderOptions(options).num_threads(4).prefetch(1));
+      folder,
+      ImageLoaderOptions(options).num_threads(4).prefetch(1).stage_threads(3));
   for (int64_t epoch : {0, 1}) {
     const auto a = epoch_of(one, epoch);
     const auto b = epoch_of(many, epoch);
@@ -339,6 +343,9 @@ TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
   lamp::test::expect_error(
       [&] { ImageLoader(folder, ImageLoaderOptions().image_size(300)); },
       "image_size <= resize_size");
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().stage_threads(0)); },
+      "stage_threads must be positive");
 #if !LAMP_WITH_CUDA
   lamp::test::expect_error(
       [&] { ImageLoader(folder, ImageLoaderOptions().gpu_decode(true)); },
@@ -480,6 +487,19 @@ TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
       EXPECT_GT(gpu.gpu_decoded_images(), 0);
       if (decode == lamp::data::ImageDecode::kAuto) {
         EXPECT_GT(gpu.cpu_decoded_images(), 0);
+      } else {
+        // Each stage thread has its own nvJPEG decoder and stream: one or
+        // three of them make the same batches, in order.
+        for (int64_t stages : {1, 3}) {
+          ImageLoader lanes(
+              folder, ImageLoaderOptions(options).decode(decode).stage_threads(stages));
+          const auto c = epoch_of(lanes, 0);
+          ASSERT_EQ(c.size(), b.size());
+          for (size_t k = 0; k < c.size(); ++k) {
+            EXPECT_TRUE(torch::equal(c[k].images, b[k].images)) << stages << k;
+            EXPECT_TRUE(torch::equal(c[k].targets, b[k].targets)) << stages << k;
+          }
+        }
       }
     }
   }

@@ -72,6 +72,18 @@ std::vector<int64_t> output_rows(
 
 } // namespace
 
+// What one stage thread uses alone. See Note [ImageLoader threads and
+// streams] in image_loader.cpp.
+struct Lane {
+  torch::Tensor scratch; // CPU decode buffer (files nvJPEG turns down)
+#if LAMP_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> stream;
+#endif
+#if LAMP_DATA_NVJPEG
+  std::unique_ptr<NvjpegDecoder> nvjpeg;
+#endif
+};
+
 struct BatchStage::Impl {
   ImageLoaderOptions options;
   ImageDecode mode = ImageDecode::kCpu; // what `options.decode()` comes to
@@ -79,13 +91,7 @@ struct BatchStage::Impl {
   torch::Tensor std;
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
-  torch::Tensor scratch; // the stage thread's CPU decode buffer
-#if LAMP_WITH_CUDA
-  std::optional<c10::cuda::CUDAStream> stream;
-#endif
-#if LAMP_DATA_NVJPEG
-  std::unique_ptr<NvjpegDecoder> nvjpeg;
-#endif
+  std::vector<Lane> lanes; // one per stage thread
 
   torch::MemoryFormat format() const {
     return options.channels_last() ? torch::MemoryFormat::ChannelsLast
@@ -107,10 +113,12 @@ struct BatchStage::Impl {
   Staged run_cpu(SlotRows& slot, int64_t rows, int64_t batch);
 #if LAMP_WITH_CUDA
   std::vector<torch::Tensor> decode_on_gpu(
+      Lane& lane,
       SlotRows& slot,
       int64_t rows,
       const Recipe& recipe);
   Staged run_cuda(
+      Lane& lane,
       SlotRows& slot,
       int64_t rows,
       int64_t batch,
@@ -143,6 +151,11 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
       torch::tensor({m[0], m[1], m[2]}, torch::kFloat).view({1, 3, 1, 1});
   impl.std =
       torch::tensor({s[0], s[1], s[2]}, torch::kFloat).view({1, 3, 1, 1});
+  TORCH_CHECK_VALUE(
+      options.stage_threads() > 0,
+      "ImageLoader: stage_threads must be positive, got ",
+      options.stage_threads());
+  impl.lanes.resize(options.stage_threads());
   if (!device.is_cuda()) {
     return;
   }
@@ -154,14 +167,19 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
   // soon as SMs free up rather than queue behind the training step's. On
   // an H200 it made no measurable difference to the step either way
   // (benchmarks/README.md).
-  impl.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
+  for (auto& lane : impl.lanes) {
+    lane.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
+  }
 #if LAMP_DATA_NVJPEG
   if (options.decode() == ImageDecode::kGpu ||
       (options.decode() == ImageDecode::kAuto && nvjpeg_available(index))) {
     impl.mode = options.decode();
-    impl.nvjpeg = std::make_unique<NvjpegDecoder>(index, options.batch_size());
+    for (auto& lane : impl.lanes) {
+      lane.nvjpeg =
+          std::make_unique<NvjpegDecoder>(index, options.batch_size());
+    }
     if (impl.mode == ImageDecode::kAuto) {
-      impl.split.emplace(options.num_threads());
+      impl.split.emplace(options.num_threads(), options.stage_threads());
     }
   }
 #endif
@@ -171,6 +189,10 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
 }
 
 BatchStage::~BatchStage() = default;
+
+int BatchStage::lanes() const {
+  return static_cast<int>(impl_->lanes.size());
+}
 
 int64_t BatchStage::gpu_rows(int64_t rows) const {
   switch (impl_->mode) {
@@ -250,6 +272,7 @@ Staged BatchStage::Impl::run_cpu(SlotRows& slot, int64_t rows, int64_t b) {
 // undefined tensor for the others). A row nvJPEG cannot decode after all is
 // decoded on the CPU here; a corrupt one becomes a bad row.
 std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
+    Lane& lane,
     SlotRows& slot,
     int64_t rows,
     const Recipe& recipe) {
@@ -271,7 +294,8 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
     return decoded;
   }
   std::vector<std::optional<NvjpegFailure>> failures;
-  auto images = nvjpeg->decode(data, sizes, names, stream->stream(), &failures);
+  auto images =
+      lane.nvjpeg->decode(data, sizes, names, lane.stream->stream(), &failures);
   for (size_t k = 0; k < which.size(); ++k) {
     const int64_t r = which[k];
     if (!failures[k]) {
@@ -282,7 +306,12 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
     if (failures[k]->unsupported) {
       const auto& row = slot.encoded[r];
       problem = transform_placed_into(
-          recipe, row.placement, row.bytes, row.path, scratch, slot.pixels[r]);
+          recipe,
+          row.placement,
+          row.bytes,
+          row.path,
+          lane.scratch,
+          slot.pixels[r]);
     }
     if (problem.empty()) {
       slot.state[r] = RowState::kDecoded;
@@ -293,21 +322,23 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
     }
   }
 #else
-  (void)slot, (void)recipe;
+  (void)lane, (void)slot, (void)recipe;
 #endif
   return decoded;
 }
 
 Staged BatchStage::Impl::run_cuda(
+    Lane& lane,
     SlotRows& slot,
     int64_t rows,
     int64_t batch,
     const Recipe& recipe) {
   const auto device = options.device();
   c10::cuda::CUDAGuard device_guard(device);
-  c10::cuda::CUDAStreamGuard stream_guard(*stream);
+  auto& stream = *lane.stream;
+  c10::cuda::CUDAStreamGuard stream_guard(stream);
   Staged out;
-  const auto gpu_images = decode_on_gpu(slot, rows, recipe);
+  const auto gpu_images = decode_on_gpu(lane, slot, rows, recipe);
   const auto source = output_rows(
       slot, rows, options.replace_bad_images(), batch, out.bad_rows);
   // Only the rows decoded on the CPU travel, in runs of consecutive rows.
@@ -368,9 +399,9 @@ Staged BatchStage::Impl::run_cuda(
   if (!slot.released) {
     slot.released.emplace(c10::DeviceType::CUDA);
   }
-  slot.released->record(*stream);
+  slot.released->record(stream);
   out.done.emplace(c10::DeviceType::CUDA);
-  out.done->record(*stream);
+  out.done->record(stream);
   out.batch.images = images;
   out.batch.targets = targets;
   return out;
@@ -381,15 +412,22 @@ Staged BatchStage::run(
     SlotRows& slot,
     int64_t rows,
     int64_t batch,
-    const Recipe& recipe) {
+    const Recipe& recipe,
+    int lane) {
   auto& impl = *impl_;
+  TORCH_CHECK(
+      lane >= 0 && lane < lanes(),
+      "BatchStage::run: lane ",
+      lane,
+      " of ",
+      lanes());
   const auto start = std::chrono::steady_clock::now();
   Staged out;
   if (!impl.options.device().is_cuda()) {
     out = impl.run_cpu(slot, rows, batch);
   } else {
 #if LAMP_WITH_CUDA
-    out = impl.run_cuda(slot, rows, batch, recipe);
+    out = impl.run_cuda(impl.lanes[lane], slot, rows, batch, recipe);
 #endif
   }
   if (impl.split) {

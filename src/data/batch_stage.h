@@ -88,13 +88,22 @@ class BatchStage {
   // Decode thread: waits until the stage's copies out of `slot` have run.
   void wait_until_released(const SlotRows& slot) const;
 
-  // Stage thread: the first `rows` rows of `slot` as a batch on the device,
-  // bad rows left out or replaced (skip_bad_images, replace_bad_images); a
-  // bad row without skip_bad_images never reaches here. On CUDA the work is
-  // enqueued on the loader's stream, `done` marks its end, and `released`
-  // is recorded for the slot; nothing waits on the host for it.
-  // `batch` (its index in the epoch) is for messages.
-  Staged run(SlotRows& slot, int64_t rows, int64_t batch, const Recipe& recipe);
+  // The number of stage threads (ImageLoaderOptions::stage_threads), each
+  // a lane of its own: run() calls with different lanes may overlap.
+  int lanes() const;
+
+  // Stage thread of lane `lane`: the first `rows` rows of `slot` as a batch
+  // on the device, bad rows left out or replaced (skip_bad_images,
+  // replace_bad_images); a bad row without skip_bad_images never reaches
+  // here. On CUDA the work is enqueued on the lane's stream, `done` marks
+  // its end, and `released` is recorded for the slot; nothing waits on the
+  // host for it. `batch` (its index in the epoch) is for messages.
+  Staged run(
+      SlotRows& slot,
+      int64_t rows,
+      int64_t batch,
+      const Recipe& recipe,
+      int lane);
 
   // Caller's thread: makes the batch safe to use on its current stream.
   void hand_over(Staged& staged) const;

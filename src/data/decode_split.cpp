@@ -17,8 +17,9 @@ void update(double& average, double value, double weight) {
 
 } // namespace
 
-DecodeSplit::DecodeSplit(int64_t threads)
-    : threads_(static_cast<double>(std::max<int64_t>(threads, 1))) {}
+DecodeSplit::DecodeSplit(int64_t threads, int64_t stages)
+    : threads_(static_cast<double>(std::max<int64_t>(threads, 1))),
+      stages_(static_cast<double>(std::max<int64_t>(stages, 1))) {}
 
 int64_t DecodeSplit::gpu_rows(int64_t rows) const {
   if (rows <= 0) {
@@ -31,7 +32,7 @@ int64_t DecodeSplit::gpu_rows(int64_t rows) const {
   }
   const double read = read_ < 0 ? 0 : std::min(read_, cpu_);
   const double g = static_cast<double>(rows) * cpu_ / threads_ /
-      (gpu_ + (cpu_ - read) / threads_);
+      (gpu_ / stages_ + (cpu_ - read) / threads_);
   const auto share = static_cast<int64_t>(std::llround(g));
   return std::clamp<int64_t>(share, least, std::max(rows - least, least));
 }

@@ -11,9 +11,10 @@ namespace lamp::data::detail {
 // A batch of B images with g of them for the GPU costs the decode threads
 // ((B - g) * cpu + g * read) / threads seconds (`cpu`: reading, decoding
 // and transforming one image; `read`: reading one and parsing its header
-// for the GPU) and the loader's stage g * gpu seconds (its time per image
-// the GPU decodes, waits included). The two are equal at
-//   g = B * cpu / threads / (gpu + (cpu - read) / threads).
+// for the GPU) and the loader's stages g * gpu / stages seconds (`gpu`: a
+// stage thread's time per image the GPU decodes, waits included; `stages`
+// threads take alternate batches). The two are equal at
+//   g = B * cpu / threads / (gpu / stages + (cpu - read) / threads).
 // Each cost is a running average (a thread's over ~100 images, the stage's
 // over ~5 batches), and each side
 // keeps at least 1/32 of a batch so that it goes on being measured.
@@ -21,7 +22,7 @@ namespace lamp::data::detail {
 // Not thread-safe: the loader calls it under its mutex.
 class DecodeSplit {
  public:
-  explicit DecodeSplit(int64_t threads);
+  DecodeSplit(int64_t threads, int64_t stages);
 
   // The GPU's share of a batch of `rows` images: 0..rows. Half a batch
   // until both sides have been measured.
@@ -37,6 +38,7 @@ class DecodeSplit {
 
  private:
   double threads_;
+  double stages_;
   double cpu_ = -1; // seconds per image; < 0: not measured yet
   double read_ = -1;
   double gpu_ = -1;

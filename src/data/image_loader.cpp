@@ -9,7 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
+#include <map>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -33,14 +33,18 @@ namespace lamp::data {
 //   their row while working, so they hold the mutex only to take a row and
 //   to report it done. Before writing a row they wait for the slot's
 //   `released` event: the stage's copies out of the slot's last batch.
-// * The stage thread turns a complete slot, in batch order, into a batch
-//   (BatchStage::run): on CUDA it decodes the GPU's rows with nvJPEG,
-//   copies the CPU's rows to the device and makes the batch in one kernel,
-//   all on the loader's own stream (`copy_stream`), records `released` and
-//   the batch's `done` event, and hands the slot back to the decode threads
-//   for batch + ring size at once; it never waits for the GPU on the host
+// * Stage threads (stage_threads; stage thread k takes the batches b with
+//   b % stage_threads == k) each turn a complete slot into a batch
+//   (BatchStage::run, lane k): on CUDA it decodes the GPU's rows with
+//   nvJPEG, copies the CPU's rows to the device and makes the batch in one
+//   kernel, all on its lane's own stream, records `released` and the
+//   batch's `done` event, and hands the slot back to the decode threads for
+//   batch + ring size at once; it never waits for the GPU on the host
 //   (nvJPEG's hardware engines aside: Note [nvJPEG streams and threads]).
-//   It is the only thread that uses that stream and the nvJPEG decoder.
+//   It is the only thread that uses its lane's stream and nvJPEG decoder,
+//   so one lane's host wait for the engines never holds up another's. The
+//   finished batches go into `ready` by index, so next() gets them in
+//   order whichever lane finishes first.
 // * The caller's thread (next()) takes finished batches in order, makes its
 //   current stream wait for the batch's `done` event (no host sync) and
 //   records the tensors on that stream, so the caching allocator does not
@@ -94,7 +98,7 @@ struct ImageLoader::Impl {
   void start();
   void stop_and_join();
   void decode_loop();
-  void stage_loop();
+  void stage_loop(int lane);
   void assign(Slot& slot, int64_t batch);
   bool decode_row(Slot& slot, int64_t row, torch::Tensor& scratch);
 
@@ -121,7 +125,8 @@ struct ImageLoader::Impl {
   std::condition_variable slot_done; // the stage waits
   std::condition_variable batch_ready; // next() waits
   std::vector<Slot> ring;
-  std::deque<Ready> ready;
+  std::map<int64_t, Ready> ready; // by batch index; `end` at end_batch
+  int64_t end_batch = 0; // where the epoch ends: max(num_batches, batch)
   bool stop = false;
   bool running = false;
   std::vector<std::thread> threads;
@@ -219,8 +224,12 @@ void ImageLoader::Impl::decode_loop() {
   }
 }
 
-void ImageLoader::Impl::stage_loop() {
+void ImageLoader::Impl::stage_loop(int lane) {
+  const int64_t lanes = stage->lanes();
   for (int64_t b = batch; b < num_batches; ++b) {
+    if (b % lanes != lane) {
+      continue;
+    }
     Slot& slot = ring[b % ring.size()];
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -235,7 +244,7 @@ void ImageLoader::Impl::stage_loop() {
       item.error = slot.error;
     } else {
       try {
-        item.staged = stage->run(slot.data, slot.rows, b, recipe);
+        item.staged = stage->run(slot.data, slot.rows, b, recipe, lane);
         item.staged.batch.epoch = epoch;
         item.staged.batch.index = b;
         for (int64_t r : item.staged.bad_rows) {
@@ -248,7 +257,7 @@ void ImageLoader::Impl::stage_loop() {
     }
     std::unique_lock<std::mutex> lock(mutex);
     const bool failed = static_cast<bool>(item.error);
-    ready.push_back(std::move(item));
+    ready.emplace(b, std::move(item));
     batch_ready.notify_all();
     if (failed) {
       return; // next() rethrows; seek() or set_epoch() restarts
@@ -268,10 +277,11 @@ void ImageLoader::Impl::stage_loop() {
       return;
     }
   }
+  // Every lane ends the epoch (the first one's marker stays).
   std::lock_guard<std::mutex> lock(mutex);
   Ready end;
   end.end = true;
-  ready.push_back(std::move(end));
+  ready.emplace(end_batch, std::move(end));
   batch_ready.notify_all();
 }
 
@@ -282,6 +292,7 @@ void ImageLoader::Impl::start() {
   num_batches = options.drop_last()
       ? static_cast<int64_t>(order.size()) / bs
       : (static_cast<int64_t>(order.size()) + bs - 1) / bs;
+  end_batch = std::max(num_batches, batch);
   stop = false;
   ready.clear();
   for (auto& slot : ring) {
@@ -295,7 +306,9 @@ void ImageLoader::Impl::start() {
   for (int64_t t = 0; t < options.num_threads(); ++t) {
     threads.emplace_back([this] { decode_loop(); });
   }
-  threads.emplace_back([this] { stage_loop(); });
+  for (int lane = 0; lane < stage->lanes(); ++lane) {
+    threads.emplace_back([this, lane] { stage_loop(lane); });
+  }
   running = true;
 }
 
@@ -381,12 +394,14 @@ std::optional<ImageBatch> ImageLoader::next() {
   Ready item;
   {
     std::unique_lock<std::mutex> lock(impl.mutex);
-    impl.batch_ready.wait(lock, [&] { return !impl.ready.empty(); });
-    if (impl.ready.front().end) {
+    impl.batch_ready.wait(
+        lock, [&] { return impl.ready.count(impl.batch) != 0; });
+    const auto it = impl.ready.find(impl.batch);
+    if (it->second.end) {
       return std::nullopt; // stays at the end until set_epoch()/seek()
     }
-    item = std::move(impl.ready.front());
-    impl.ready.pop_front();
+    item = std::move(it->second);
+    impl.ready.erase(it);
     impl.slot_done.notify_all(); // room in the ready queue
   }
   if (item.error) {

@@ -59,7 +59,7 @@ fi
 if want tests; then
   say "tests"
   : > "$OUT/tests.log"
-  for suite in ${TEST_SUITES:-'ResizeBatch*' 'Nvjpeg*' 'ImageLoaderGpu*'}; do
+  for suite in ${TEST_SUITES:-'ResizeBatch*' 'Nvjpeg*' 'ImageLoaderGpu*' 'ImageLoaderTest.Batches*'}; do
     timeout 100 "$B/tests/lamp_tests" --gtest_filter="$suite" \
       >> "$OUT/tests.log" 2>&1
     say "lamp_tests $suite: exit $?"
@@ -75,8 +75,10 @@ fi
 L=$B/benchmarks/image_loader
 if want loader; then
   say "loader alone (photo profile)"
-  for args in "--decode cpu" "--decode cpu --no-partial-decode" "--decode gpu" \
-      "--decode gpu --no-partial-decode" "--decode auto"; do
+  for args in ${LOADER_ARGS:-"--decode cpu" "--decode cpu --no-partial-decode" \
+      "--decode gpu --stage-threads 1" "--decode gpu" "--decode gpu --stage-threads 3" \
+      "--decode gpu --no-partial-decode" "--decode auto --stage-threads 1" "--decode auto" \
+      "--decode auto --stage-threads 3"}; do
     timeout 90 $L --data $B/sets/photo/train --threads 16 --batches 120 $args \
       2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
   done
@@ -84,8 +86,9 @@ if want loader; then
     sed 's/^{/{"set": "hard", /' | tee -a "$OUT/loader.jsonl"
   timeout 120 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
     --decode-jpeg-cuda --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
-  timeout 150 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
-    --workers 16 --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
+  [ -n "${NO_DATALOADER:-}" ] ||
+    timeout 150 python3 benchmarks/image_loader.py --data $B/sets/photo/train \
+      --workers 16 --batches 60 2>> "$OUT/loader.err" | tee -a "$OUT/loader.jsonl"
 fi
 
 if want probe; then
