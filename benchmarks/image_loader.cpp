@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   bool whole = false;
   int64_t threads = 16;
   int64_t stage_threads = 2;
+  int64_t prefetch = 3;
   int64_t batch_size = 256;
   int64_t batches = 200;
   int64_t warmup = 10;
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
       "--no-partial-decode", whole, "decode whole JPEGs, not just the crop");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
   app.add_option("--stage-threads", stage_threads, "stage threads (lanes)")
+      ->capture_default_str();
+  app.add_option("--prefetch", prefetch, "batches prepared ahead")
       ->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str();
   app.add_option("--batches", batches, "timed batches")->capture_default_str();
@@ -81,7 +84,7 @@ int main(int argc, char** argv) {
           .channels_last(true)
           .num_threads(threads)
           .stage_threads(stage_threads)
-          .prefetch(3)
+          .prefetch(prefetch)
           .decode(
               decode == "cpu"       ? lamp::data::ImageDecode::kCpu
                   : decode == "gpu" ? lamp::data::ImageDecode::kGpu
@@ -134,13 +137,14 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, "
-      "\"threads\": %lld, \"stage_threads\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
+      "\"threads\": %lld, \"stage_threads\": %lld, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
       "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
       static_cast<long long>(threads),
       static_cast<long long>(stage_threads),
+      static_cast<long long>(prefetch),
       static_cast<long long>(batch_size),
       images / s,
       cpu / s / (images / s / 1000.0),

@@ -23,6 +23,7 @@ struct DataOptions {
   std::string dir; // empty: synthetic data
   int64_t epochs = 1;
   int64_t workers = 8; // decode threads per process
+  int64_t prefetch = 2; // batches prepared ahead
   std::string decode = "auto"; // cpu, gpu or auto
   bool skip_bad_images = false;
 };
@@ -37,6 +38,9 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--workers", o.workers, "--data: decode threads per process")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--prefetch", o.prefetch, "--data: batches prepared ahead")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option(
@@ -90,6 +94,7 @@ class ImageData {
             .dtype(dtype)
             .channels_last(channels_last)
             .num_threads(o.workers)
+            .prefetch(o.prefetch)
             .decode(
                 o.decode == "cpu"       ? lamp::data::ImageDecode::kCpu
                     : o.decode == "gpu" ? lamp::data::ImageDecode::kGpu

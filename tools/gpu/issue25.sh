@@ -60,7 +60,7 @@ if want tests; then
   say "tests"
   : > "$OUT/tests.log"
   for suite in ${TEST_SUITES:-'ResizeBatch*' 'Nvjpeg*' 'ImageLoaderGpu*' 'ImageLoaderTest.Batches*'}; do
-    timeout 100 "$B/tests/lamp_tests" --gtest_filter="$suite" \
+    timeout ${TEST_TIMEOUT:-100} "$B/tests/lamp_tests" --gtest_filter="$suite" \
       >> "$OUT/tests.log" 2>&1
     say "lamp_tests $suite: exit $?"
   done
