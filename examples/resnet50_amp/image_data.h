@@ -23,7 +23,7 @@ struct DataOptions {
   std::string dir; // empty: synthetic data
   int64_t epochs = 1;
   int64_t workers = 8; // decode threads per process
-  int64_t prefetch = 2; // batches prepared ahead
+  int64_t prefetch = 4; // batches prepared ahead (the loader's default)
   std::string decode = "auto"; // cpu, gpu or auto
   bool skip_bad_images = false;
 };
