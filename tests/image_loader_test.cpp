@@ -306,6 +306,38 @@ TEST_F(ImageLoaderTest, AnIOErrorIsNeverSkipped) {
   lamp::test::expect_error([&] { loader.next(); }, "cannot open '" + gone);
 }
 
+TEST_F(ImageLoaderTest, FormatsItCannotDecodeAreRefusedUpFront) {
+  const auto root = make_folder("data", 2, 4, 32, 15);
+  // Listed by torchvision's extensions; the loader decodes JPEG and PNG.
+  lamp::test::write_bytes(root + "/class_00/scan.BMP", {'B', 'M', 0, 0});
+  ImageFolder folder(root);
+  ASSERT_EQ(folder.size(), 9u);
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().batch_size(4)); },
+      "1 of the folder's 9 images are not JPEG or PNG by their extension "
+      "(the first: " +
+          root + "/class_00/scan.BMP)");
+  // Listed without it: every image decodes.
+  ImageFolder decodable(
+      root,
+      lamp::data::ImageFolderOptions().extensions(
+          lamp::data::decodable_image_extensions()));
+  EXPECT_EQ(decodable.size(), 8u);
+  ImageLoader loader(
+      decodable, ImageLoaderOptions().batch_size(4).image_size(16));
+  EXPECT_EQ(epoch_of(loader, 0).size(), 2u);
+  // With skip_bad_images it is skipped (and counted) like any bad file.
+  ImageLoader skipping(
+      folder,
+      ImageLoaderOptions().batch_size(4).image_size(16).skip_bad_images(true));
+  int64_t images = 0;
+  for (const auto& batch : epoch_of(skipping, 0)) {
+    images += batch.images.size(0);
+  }
+  EXPECT_EQ(images, 8);
+  EXPECT_EQ(skipping.skipped_images(), 1);
+}
+
 TEST_F(ImageLoaderTest, PartialDecodeGivesTheSameBatches) {
   const auto root = make_folder("data", 2, 12, 96, 14);
   ImageFolder folder(root);

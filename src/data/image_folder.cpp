@@ -13,6 +13,8 @@
 #include <cstring>
 #include <utility>
 
+#include "image_folder_detail.h"
+
 // Note [ImageFolder as Python lists it]
 // torchvision builds the list from os.scandir, os.walk, os.path.join and
 // sorted() on str. Each helper below is the POSIX equivalent of one of
@@ -168,33 +170,6 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// `path.lower().endswith(extension)` for each extension. Lower-cases ASCII
-// and the Kelvin sign (U+212A, UTF-8 E2 84 AA), the only non-ASCII
-// character whose lower case is ASCII: exact for ASCII extensions.
-bool has_allowed_extension(
-    const std::string& path,
-    const std::vector<std::string>& extensions) {
-  std::string lower;
-  lower.reserve(path.size());
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (path.compare(i, 3, "\xE2\x84\xAA") == 0) {
-      lower.push_back('k');
-      i += 2;
-    } else {
-      const char c = path[i];
-      lower.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
-    }
-  }
-  for (const auto& extension : extensions) {
-    if (lower.size() >= extension.size() &&
-        lower.compare(
-            lower.size() - extension.size(), extension.size(), extension) ==
-            0) {
-      return true;
-    }
-  }
-  return false;
-}
 
 // --- torchvision's find_classes and make_dataset -----------------------------
 
@@ -285,6 +260,38 @@ std::vector<std::pair<std::string, std::vector<std::string>>> walk(
 
 } // namespace
 
+namespace detail {
+
+// `path.lower().endswith(extension)` for each extension. Lower-cases ASCII
+// and the Kelvin sign (U+212A, UTF-8 E2 84 AA), the only non-ASCII
+// character whose lower case is ASCII: exact for ASCII extensions.
+bool has_allowed_extension(
+    const std::string& path,
+    const std::vector<std::string>& extensions) {
+  std::string lower;
+  lower.reserve(path.size());
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path.compare(i, 3, "\xE2\x84\xAA") == 0) {
+      lower.push_back('k');
+      i += 2;
+    } else {
+      const char c = path[i];
+      lower.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
+    }
+  }
+  for (const auto& extension : extensions) {
+    if (lower.size() >= extension.size() &&
+        lower.compare(
+            lower.size() - extension.size(), extension.size(), extension) ==
+            0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace detail
+
 std::vector<std::string> image_extensions() {
   return {
       ".jpg",
@@ -296,6 +303,10 @@ std::vector<std::string> image_extensions() {
       ".tif",
       ".tiff",
       ".webp"};
+}
+
+std::vector<std::string> decodable_image_extensions() {
+  return {".jpg", ".jpeg", ".png"};
 }
 
 ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
@@ -315,7 +326,7 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
         for (const auto& file : files) {
           auto path = path_join(dir, file);
           if (valid ? valid(path)
-                    : has_allowed_extension(path, options.extensions())) {
+                    : detail::has_allowed_extension(path, options.extensions())) {
             samples_.push_back({std::move(path), static_cast<int64_t>(index)});
           }
         }

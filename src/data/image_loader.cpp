@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "batch_stage.h"
+#include "image_folder_detail.h"
 #include "sample_pipeline.h"
 
 namespace lamp::data {
@@ -357,6 +358,32 @@ ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
           o.dtype() == torch::kBFloat16,
       "ImageLoader: dtype must be float, half or bfloat16, got ",
       o.dtype());
+  if (!o.skip_bad_images()) {
+    // NOTE: a folder listed with torchvision's extensions may hold BMP,
+    // TIFF or WebP files, which the decoders refuse: say so now, not when
+    // the first of them comes up mid-epoch.
+    const auto decodable = decodable_image_extensions();
+    int64_t others = 0;
+    const std::string* first = nullptr;
+    for (const auto& sample : dataset.samples()) {
+      if (!detail::has_allowed_extension(sample.path, decodable)) {
+        first = first == nullptr ? &sample.path : first;
+        ++others;
+      }
+    }
+    TORCH_CHECK_VALUE(
+        others == 0,
+        "ImageLoader: ",
+        others,
+        " of the folder's ",
+        dataset.size(),
+        " images are not JPEG or PNG by their extension (the first: ",
+        first == nullptr ? std::string() : *first,
+        "), and the loader decodes only those; convert them, list the folder "
+        "without them (ImageFolderOptions().extensions(lamp::data::"
+        "decodable_image_extensions())), or skip them while training "
+        "(skip_bad_images(true))");
+  }
   auto& recipe = impl_->recipe;
   recipe.train = o.train();
   recipe.image_size = o.image_size();

@@ -21,6 +21,13 @@ namespace lamp::data {
 /// ".pgm", ".tif", ".tiff", ".webp", in that order.
 LAMP_API std::vector<std::string> image_extensions();
 
+/// The extensions of the formats lamp::data's loader decodes (JPEG, PNG):
+/// ".jpg", ".jpeg", ".png". `ImageFolderOptions().extensions(
+/// decodable_image_extensions())` leaves other images out of a folder,
+/// which ImageLoader otherwise refuses (it decodes by content: a PNG named
+/// .jpg is fine).
+LAMP_API std::vector<std::string> decodable_image_extensions();
+
 /// Options of `ImageFolder`; defaults are those of torchvision's
 /// `ImageFolder`.
 struct LAMP_API ImageFolderOptions {
