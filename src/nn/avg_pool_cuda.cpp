@@ -25,7 +25,7 @@ namespace {
 // Backward with create_graph=true runs ATen's ops instead, so that double
 // backward works.
 
-AvgPoolDtype pool_dtype(const at::Tensor& t) {
+AvgPoolDtype avg_pool_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kHalf:
       return AvgPoolDtype::kHalf;
@@ -79,7 +79,7 @@ class GlobalAvgPoolFunction
     const bool vectorized = channels % wide == 0 &&
         reinterpret_cast<std::uintptr_t>(grad_input.data_ptr()) % 16 == 0;
     C10_CUDA_CHECK(launch_global_avg_pool_backward(
-        pool_dtype(grad_output),
+        avg_pool_dtype(grad_output),
         n,
         pixels,
         channels,

@@ -43,7 +43,7 @@ PoolGeometry geometry(
       static_cast<int>(padding)};
 }
 
-PoolDtype pool_dtype(const at::Tensor& t) {
+PoolDtype max_pool_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf ? PoolDtype::kHalf : PoolDtype::kBFloat16;
 }
 
@@ -74,7 +74,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
         {g.n, g.out_height, g.out_width, g.channels},
         input.options().dtype(at::kByte));
     C10_CUDA_CHECK(launch_max_pool_forward(
-        pool_dtype(input),
+        max_pool_dtype(input),
         g,
         input.const_data_ptr(),
         output.data_ptr(),
@@ -110,7 +110,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
         ctx->saved_data["stride"].toInt(),
         ctx->saved_data["padding"].toInt());
     C10_CUDA_CHECK(launch_max_pool_backward(
-        pool_dtype(grad_output),
+        max_pool_dtype(grad_output),
         g,
         grad_output.const_data_ptr(),
         argmax.const_data_ptr<uint8_t>(),

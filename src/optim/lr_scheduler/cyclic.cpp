@@ -21,7 +21,7 @@ namespace lamp::optim {
 
 namespace {
 
-constexpr double kPi = 3.141592653589793; // math.pi
+using detail::kPi;
 
 // Which hyperparameter OneCycleLR cycles: Python's `"betas" in defaults`
 // (Adam, AdamW) or `"momentum" in defaults` (SGD, RMSprop).

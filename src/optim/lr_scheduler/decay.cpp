@@ -17,7 +17,7 @@ namespace lamp::optim {
 
 namespace {
 
-constexpr double kPi = 3.141592653589793; // math.pi
+using detail::kPi;
 
 // Python's a // b for b > 0.
 int64_t floor_div(int64_t a, int64_t b) {

@@ -15,6 +15,9 @@
 
 namespace lamp::optim::detail {
 
+/// Python's math.pi, for the cosine schedules (decay.cpp, cyclic.cpp).
+inline constexpr double kPi = 3.141592653589793;
+
 /// A Python list of floats (a generic list, as Python's unpickles).
 c10::IValue double_list(const std::vector<double>& values);
 /// A Python list of ints.
