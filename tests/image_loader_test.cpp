@@ -524,12 +524,14 @@ TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
         // three of them make the same batches, in order.
         for (int64_t stages : {1, 3}) {
           ImageLoader lanes(
-              folder, ImageLoaderOptions(options).decode(decode).stage_threads(stages));
+              folder,
+              ImageLoaderOptions(options).decode(decode).stage_threads(stages));
           const auto c = epoch_of(lanes, 0);
           ASSERT_EQ(c.size(), b.size());
           for (size_t k = 0; k < c.size(); ++k) {
             EXPECT_TRUE(torch::equal(c[k].images, b[k].images)) << stages << k;
-            EXPECT_TRUE(torch::equal(c[k].targets, b[k].targets)) << stages << k;
+            EXPECT_TRUE(torch::equal(c[k].targets, b[k].targets))
+                << stages << k;
           }
         }
       }

@@ -13,13 +13,15 @@
 #include <utility>
 
 namespace lamp {
-namespace {
 
-using Dict = c10::impl::GenericDict;
+// NOTE: in lamp::detail, not the anonymous namespace: TrainingState::Impl
+// holds them, and a type with linkage should not hold one without (GCC's
+// -Wsubobject-linkage, in the unity build).
+namespace detail {
 
 // One registered object: how to save it, check a saved value against it,
 // and restore it.
-struct Entry {
+struct TrainingStateEntry {
   std::string key;
   std::function<c10::IValue()> save;
   std::function<void(const c10::IValue&)> check; // throws on a misfit
@@ -28,6 +30,12 @@ struct Entry {
   // their own load_state_dict): loaded first, rolled back on failure.
   bool may_throw = false;
 };
+
+} // namespace detail
+
+namespace {
+
+using Dict = c10::impl::GenericDict;
 
 Dict new_dict() {
   return Dict(c10::StringType::get(), c10::AnyType::get());
@@ -133,12 +141,12 @@ void load_rng(const c10::IValue& rng, int64_t rank) {
 
 // A value entry: `check` tests the IValue's type, `load` assigns.
 template <typename T>
-Entry value_entry(
+detail::TrainingStateEntry value_entry(
     std::string key,
     T& value,
     bool (c10::IValue::*is)() const,
     const char* type) {
-  Entry e;
+  detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = [&value] { return c10::IValue(value); };
   e.check = [is, type](const c10::IValue& v) {
@@ -151,10 +159,10 @@ Entry value_entry(
 } // namespace
 
 struct TrainingState::Impl {
-  std::vector<Entry> entries;
+  std::vector<detail::TrainingStateEntry> entries;
   bool rng = true;
 
-  TrainingState& add(TrainingState& self, Entry entry) {
+  TrainingState& add(TrainingState& self, detail::TrainingStateEntry entry) {
     TORCH_CHECK_VALUE(
         !entry.key.empty() && entry.key != "rng" && entry.key != "lamp",
         "lamp::TrainingState::add: the key '",
@@ -178,7 +186,7 @@ TrainingState::TrainingState(TrainingState&&) noexcept = default;
 TrainingState& TrainingState::operator=(TrainingState&&) noexcept = default;
 
 TrainingState& TrainingState::add(std::string key, torch::nn::Module& module) {
-  Entry e;
+  detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = [&module] { return detail::module_state_dict(module); };
   e.check = [&module](const c10::IValue& v) {
@@ -193,7 +201,7 @@ TrainingState& TrainingState::add(std::string key, torch::nn::Module& module) {
 TrainingState& TrainingState::add(
     std::string key,
     torch::optim::Optimizer& optimizer) {
-  Entry e;
+  detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = [&optimizer] { return detail::optimizer_state_dict(optimizer); };
   e.check = [&optimizer](const c10::IValue& v) {
@@ -237,7 +245,7 @@ TrainingState& TrainingState::add(std::string key, std::string& value) {
 }
 
 TrainingState& TrainingState::add(std::string key, torch::Tensor& value) {
-  Entry e;
+  detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = [&value] {
     return value.defined() ? c10::IValue(value.detach().to(at::kCPU))
@@ -280,7 +288,7 @@ TrainingState& TrainingState::add_stateful(
     std::string key,
     std::function<c10::IValue()> save,
     std::function<void(const c10::impl::GenericDict&)> load) {
-  Entry e;
+  detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = std::move(save);
   e.check = [](const c10::IValue& v) {
@@ -344,7 +352,7 @@ void TrainingState::load_state_dict(
   }
   // Phase 2: objects that validate inside their own load first, each backed
   // up so that a failure puts back those already loaded.
-  std::vector<std::pair<const Entry*, c10::IValue>> loaded;
+  std::vector<std::pair<const detail::TrainingStateEntry*, c10::IValue>> loaded;
   for (const auto& e : impl_->entries) {
     if (!e.may_throw) {
       continue;

@@ -170,7 +170,6 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-
 // --- torchvision's find_classes and make_dataset -----------------------------
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -325,8 +324,9 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
         python_sort(files);
         for (const auto& file : files) {
           auto path = path_join(dir, file);
-          if (valid ? valid(path)
-                    : detail::has_allowed_extension(path, options.extensions())) {
+          if (valid
+                  ? valid(path)
+                  : detail::has_allowed_extension(path, options.extensions())) {
             samples_.push_back({std::move(path), static_cast<int64_t>(index)});
           }
         }

@@ -9,8 +9,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <map>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -61,24 +61,31 @@ namespace lamp::data {
 // without skip_bad_images, an I/O error) travels with its slot to the stage
 // and from there to next(), which rethrows it.
 
-namespace {
+// NOTE: in detail, not the anonymous namespace: ImageLoader::Impl holds
+// them, and a type with linkage should not hold one without (GCC's
+// -Wsubobject-linkage, in the unity build).
+namespace detail {
 
-struct Slot {
+struct RingSlot {
   int64_t batch = -1; // the batch it holds, -1 when free
   int64_t rows = 0;
   int64_t next_row = 0; // the next row a decode thread takes
   int64_t pending = 0; // rows taken or not, not yet done
   int64_t gpu_first = 0; // rows from here on are for the GPU
-  detail::SlotRows data;
+  SlotRows data;
   std::exception_ptr error;
 };
 
-struct Ready {
-  detail::Staged staged;
+struct ReadyBatch {
+  Staged staged;
   std::vector<std::string> skipped; // the bad rows' files
   std::exception_ptr error;
   bool end = false;
 };
+
+} // namespace detail
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -100,8 +107,8 @@ struct ImageLoader::Impl {
   void stop_and_join();
   void decode_loop();
   void stage_loop(int lane);
-  void assign(Slot& slot, int64_t batch);
-  bool decode_row(Slot& slot, int64_t row, torch::Tensor& scratch);
+  void assign(detail::RingSlot& slot, int64_t batch);
+  bool decode_row(detail::RingSlot& slot, int64_t row, torch::Tensor& scratch);
 
   const ImageFolder& dataset;
   const ImageLoaderOptions options;
@@ -125,15 +132,16 @@ struct ImageLoader::Impl {
   std::condition_variable rows_ready; // decode threads wait
   std::condition_variable slot_done; // the stage waits
   std::condition_variable batch_ready; // next() waits
-  std::vector<Slot> ring;
-  std::map<int64_t, Ready> ready; // by batch index; `end` at end_batch
+  std::vector<detail::RingSlot> ring;
+  std::map<int64_t, detail::ReadyBatch>
+      ready; // by batch index; `end` at end_batch
   int64_t end_batch = 0; // where the epoch ends: max(num_batches, batch)
   bool stop = false;
   bool running = false;
   std::vector<std::thread> threads;
 };
 
-void ImageLoader::Impl::assign(Slot& slot, int64_t b) {
+void ImageLoader::Impl::assign(detail::RingSlot& slot, int64_t b) {
   // Called with the mutex held.
   const int64_t bs = options.batch_size();
   const int64_t first = b * bs;
@@ -148,7 +156,7 @@ void ImageLoader::Impl::assign(Slot& slot, int64_t b) {
 // Returns whether the row was decoded on the CPU (else it was read for the
 // GPU, or is bad).
 bool ImageLoader::Impl::decode_row(
-    Slot& slot,
+    detail::RingSlot& slot,
     int64_t row,
     torch::Tensor& scratch) {
   using detail::RowState;
@@ -186,7 +194,7 @@ void ImageLoader::Impl::decode_loop() {
   torch::Tensor scratch; // this thread's decode buffer, reused
   std::unique_lock<std::mutex> lock(mutex);
   while (true) {
-    Slot* slot = nullptr;
+    detail::RingSlot* slot = nullptr;
     rows_ready.wait(lock, [&] {
       if (stop) {
         return true;
@@ -231,7 +239,7 @@ void ImageLoader::Impl::stage_loop(int lane) {
     if (b % lanes != lane) {
       continue;
     }
-    Slot& slot = ring[b % ring.size()];
+    detail::RingSlot& slot = ring[b % ring.size()];
     {
       std::unique_lock<std::mutex> lock(mutex);
       slot_done.wait(
@@ -240,7 +248,7 @@ void ImageLoader::Impl::stage_loop(int lane) {
         return;
       }
     }
-    Ready item;
+    detail::ReadyBatch item;
     if (slot.error) {
       item.error = slot.error;
     } else {
@@ -280,7 +288,7 @@ void ImageLoader::Impl::stage_loop(int lane) {
   }
   // Every lane ends the epoch (the first one's marker stays).
   std::lock_guard<std::mutex> lock(mutex);
-  Ready end;
+  detail::ReadyBatch end;
   end.end = true;
   ready.emplace(end_batch, std::move(end));
   batch_ready.notify_all();
@@ -418,7 +426,7 @@ std::optional<ImageBatch> ImageLoader::next() {
   if (!impl.running) {
     impl.start();
   }
-  Ready item;
+  detail::ReadyBatch item;
   {
     std::unique_lock<std::mutex> lock(impl.mutex);
     impl.batch_ready.wait(
