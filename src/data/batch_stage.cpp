@@ -268,7 +268,7 @@ Staged BatchStage::Impl::run_cpu(SlotRows& slot, int64_t rows, int64_t b) {
 }
 
 #if LAMP_WITH_CUDA
-// The rows left encoded, decoded by nvJPEG on the loader's stream (an
+// The rows left encoded, decoded by nvJPEG on the lane's stream (an
 // undefined tensor for the others). A row nvJPEG cannot decode after all is
 // decoded on the CPU here; a corrupt one becomes a bad row.
 std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(

@@ -36,7 +36,7 @@ struct EncodedRow {
 };
 
 // A ring slot's rows: written by the decode threads (each its own rows),
-// then read by the stage thread once all are done.
+// then read by a stage thread once all are done.
 struct SlotRows {
   torch::Tensor pixels; // uint8 [B, S, S, 3], pinned when the device is CUDA
   torch::Tensor targets; // int64 [B], likewise
@@ -56,7 +56,7 @@ struct Staged {
   std::vector<std::string> bad_reasons;
   int64_t gpu_decoded = 0; // images the GPU decoded
   int64_t cpu_decoded = 0; // images the CPU decoded
-  // CUDA: recorded on the loader's stream after the batch's work.
+  // CUDA: recorded on its lane's stream after the batch's work.
   std::optional<c10::Event> done;
 };
 
