@@ -3,10 +3,12 @@
 // ImageFolder are read into memory once; `--decoders N` threads, each with
 // its own decoder and stream, take alternate batches of `--batch-size`
 // images, as N loader stages would. `--cuda-backend` keeps the hardware
-// engines out (nvJPEG's CUDA backend decodes all).
+// engines out (nvJPEG's CUDA backend decodes all). `--roi` decodes only a
+// RandomResizedCrop window of each image (the loader's training crops, as
+// `partial_decode` does), with nvJPEG's ROI decode.
 //
 //   nvjpeg_decoder --data DIR [--decoders 1] [--batch-size 256]
-//                  [--batches 60] [--cuda-backend]
+//                  [--batches 60] [--cuda-backend] [--roi]
 //
 // Prints one JSON line: images/s, the share the engines decoded, and the
 // host time a decode() call takes (the stage thread's part of a batch).
@@ -14,6 +16,7 @@
 #include <lamp/data.h>
 
 #include <CLI/CLI.hpp>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
@@ -41,6 +44,7 @@ double since(Clock::time_point t) {
 struct File {
   std::string path;
   std::vector<uint8_t> bytes;
+  lamp::data::CropBox crop; // a training crop of it
 };
 
 } // namespace
@@ -52,6 +56,7 @@ int main(int argc, char** argv) {
   int64_t batches = 60;
   int64_t max_files = 4096;
   bool cuda_backend = false;
+  bool roi = false;
   CLI::App app{"lamp's nvJPEG decoder alone"};
   app.add_option("--data", dir, "an ImageFolder root")->required();
   app.add_option("--decoders", decoders, "threads, a decoder each")
@@ -61,10 +66,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-files", max_files, "files read into memory")
       ->capture_default_str();
   app.add_flag("--cuda-backend", cuda_backend, "no hardware engines");
+  app.add_flag("--roi", roi, "decode only a training crop of each image");
   CLI11_PARSE(app, argc, argv);
 
   lamp::data::ImageFolder folder(dir);
   std::vector<File> files;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
   for (const auto& sample : folder.samples()) {
     if (static_cast<int64_t>(files.size()) == max_files) {
       break;
@@ -75,9 +82,11 @@ int main(int argc, char** argv) {
     f.bytes.assign(
         std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     // Only what nvJPEG decodes (the loader sends the rest to the CPU).
-    if (lamp::data::detail::nvjpeg_supports(
-            lamp::data::detail::read_jpeg_layout(
-                f.bytes.data(), f.bytes.size()))) {
+    const auto layout =
+        lamp::data::detail::read_jpeg_layout(f.bytes.data(), f.bytes.size());
+    if (lamp::data::detail::nvjpeg_supports(layout)) {
+      f.crop = lamp::data::random_resized_crop_params(
+          layout.height, layout.width, generator);
       files.push_back(std::move(f));
     }
   }
@@ -111,14 +120,17 @@ int main(int argc, char** argv) {
       std::vector<const uint8_t*> data;
       std::vector<size_t> sizes;
       std::vector<std::string> names;
+      std::vector<lamp::data::CropBox> crops;
       for (int64_t i = 0; i < batch_size; ++i) {
         const auto& f = files[((b + decoders) * batch_size + i) % files.size()];
         data.push_back(f.bytes.data());
         sizes.push_back(f.bytes.size());
         names.push_back(f.path);
+        crops.push_back(f.crop);
       }
       const auto t0 = Clock::now();
-      auto images = decoder.decode(data, sizes, names, stream.stream());
+      auto images = decoder.decode(
+          data, sizes, names, stream.stream(), nullptr, roi ? &crops : nullptr);
       if (b >= 0) {
         host_seconds[t] += since(t0);
         ++calls[t];
@@ -161,12 +173,13 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"lamp NvjpegDecoder\", \"decoders\": %d, \"backend\": "
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
-      "\"hardware_share\": %.3f, \"host_ms_per_batch\": %.2f, "
+      "\"roi\": %s, \"hardware_share\": %.3f, \"host_ms_per_batch\": %.2f, "
       "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f}\n",
       decoders,
       cuda_backend ? "cuda" : "hardware+cuda",
       static_cast<long long>(batch_size),
       static_cast<double>(decoded) / s,
+      roi ? "true" : "false",
       static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
       n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
       files.size(),

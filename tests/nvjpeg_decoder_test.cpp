@@ -292,6 +292,67 @@ TEST_F(NvjpegDecoderGpu, MatchesTheCpuDecoder) {
   }
 }
 
+TEST_F(NvjpegDecoderGpu, RegionsEqualTheWholeImageCropped) {
+  // nvJPEG's ROI decode (the loader's training crops) on both backends, one
+  // file at a time and as a batch: each region equals the whole image's
+  // decode cropped, within one level (chroma upsampling at a region's edge
+  // sees the same neighbours, as the whole decode does).
+  const auto stream = c10::cuda::getStreamFromPool(false, 0);
+  const auto files = decodable();
+  const int n = static_cast<int>(files.size());
+  NvjpegDecoder hardware(0, n);
+  NvjpegDecoder cuda(0, n, NvjpegDecoderOptions().hardware(false));
+  std::vector<lamp::data::CropBox> regions;
+  for (const auto* f : files) {
+    // Odd offsets and sizes: not on block boundaries.
+    lamp::data::CropBox r;
+    r.top = std::min<int64_t>(f->height / 5 + 1, f->height - 1);
+    r.left = std::min<int64_t>(f->width / 3 + 3, f->width - 1);
+    r.height = std::max<int64_t>((f->height - r.top) * 2 / 3, 1);
+    r.width = std::max<int64_t>((f->width - r.left) * 3 / 5, 1);
+    regions.push_back(r);
+  }
+  std::vector<const uint8_t*> data;
+  std::vector<size_t> sizes;
+  std::vector<std::string> names;
+  for (const auto* f : files) {
+    data.push_back(f->bytes.data());
+    sizes.push_back(f->bytes.size());
+    names.push_back(f->name + ".jpg");
+  }
+  for (NvjpegDecoder* decoder : {&hardware, &cuda}) {
+    const auto whole = decoder->decode(data, sizes, names, stream.stream());
+    const auto cropped =
+        decoder->decode(data, sizes, names, stream.stream(), nullptr, &regions);
+    EXPECT_EQ(
+        decoder->hardware_decoded() + decoder->cuda_decoded(),
+        int64_t(files.size()));
+    stream.synchronize();
+    for (size_t i = 0; i < files.size(); ++i) {
+      SCOPED_TRACE(files[i]->name + " on " + backend(*decoder));
+      const auto& r = regions[i];
+      const auto expected = whole[i]
+                                .narrow(0, r.top, r.height)
+                                .narrow(1, r.left, r.width)
+                                .to(torch::kInt);
+      ASSERT_EQ(
+          cropped[i].sizes(), torch::IntArrayRef({r.height, r.width, 3}));
+      const int max =
+          (cropped[i].to(torch::kInt) - expected).abs().max().item<int>();
+      std::cout << "[ nvjpeg   ] region of " << files[i]->name << " on "
+                << backend(*decoder) << ": max diff " << max << "\n";
+      EXPECT_LE(max, 1);
+    }
+  }
+  std::vector<lamp::data::CropBox> outside(files.size(), regions[0]);
+  outside[0].top = files[0]->height;
+  lamp::test::expect_error(
+      [&] {
+        hardware.decode(data, sizes, names, stream.stream(), nullptr, &outside);
+      },
+      "is not inside");
+}
+
 TEST_F(NvjpegDecoderGpu, UsesTheHardwareEnginesOfA100H100H200) {
   const std::string gpu = at::cuda::getDeviceProperties(0)->name;
   if (gpu.find("A100") == std::string::npos &&

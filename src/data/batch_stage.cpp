@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 
 #include "decode_split.h"
@@ -282,24 +283,43 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
   std::vector<const uint8_t*> data;
   std::vector<size_t> sizes;
   std::vector<std::string> names;
+  std::vector<CropBox> regions;
   for (int64_t r = 0; r < rows; ++r) {
     if (slot.state[r] == RowState::kEncoded) {
       which.push_back(r);
       data.push_back(slot.encoded[r].bytes.data());
       sizes.push_back(slot.encoded[r].bytes.size());
       names.push_back(slot.encoded[r].path);
+      regions.push_back(slot.encoded[r].placement.box);
     }
   }
   if (which.empty()) {
     return decoded;
   }
+  // Training: nvJPEG decodes only the crop (its ROI decode), as the decode
+  // threads do (partial_decode); the evaluation transform needs it all.
+  static const bool roi_env = [] {
+    const char* v = std::getenv("LAMP_GPU_ROI");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  const bool roi = recipe.train && recipe.partial_decode && roi_env;
   std::vector<std::optional<NvjpegFailure>> failures;
-  auto images =
-      lane.nvjpeg->decode(data, sizes, names, lane.stream->stream(), &failures);
+  auto images = lane.nvjpeg->decode(
+      data,
+      sizes,
+      names,
+      lane.stream->stream(),
+      &failures,
+      roi ? &regions : nullptr);
   for (size_t k = 0; k < which.size(); ++k) {
     const int64_t r = which[k];
     if (!failures[k]) {
       decoded[r] = std::move(images[k]);
+      if (roi) {
+        // The image is the crop now.
+        slot.encoded[r].placement.box.top = 0;
+        slot.encoded[r].placement.box.left = 0;
+      }
       continue;
     }
     std::string problem = failures[k]->message;

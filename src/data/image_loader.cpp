@@ -7,8 +7,15 @@
 #include <lamp/data/image_folder.h>
 #include <torch/torch.h>
 
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -191,6 +198,15 @@ void ImageLoader::Impl::decode_loop() {
   // cores, and each resize would otherwise start an OpenMP team of its own.
   // See Note [ImageLoader threads and streams] for what this changes.
   at::set_num_threads(1);
+  if (const char* v = std::getenv("LAMP_DECODE_NICE")) {
+    // EXPERIMENT
+    const int tid = static_cast<int>(syscall(SYS_gettid));
+    setpriority(PRIO_PROCESS, tid, getpriority(PRIO_PROCESS, tid) + atoi(v));
+  }
+  if (std::getenv("LAMP_DECODE_BATCH") != nullptr) {
+    sched_param p{};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &p);
+  }
   torch::Tensor scratch; // this thread's decode buffer, reused
   std::unique_lock<std::mutex> lock(mutex);
   while (true) {

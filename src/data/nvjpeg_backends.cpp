@@ -161,6 +161,9 @@ NvjpegDecoder::Impl::~Impl() {
   if (params != nullptr) {
     nvjpegDecodeParamsDestroy(params);
   }
+  for (nvjpegDecodeParams_t p : hardware_params) {
+    nvjpegDecodeParamsDestroy(p);
+  }
   if (decoder != nullptr) {
     nvjpegDecoderDestroy(decoder);
   }
@@ -295,6 +298,7 @@ bool NvjpegDecoder::Impl::decode_hardware(
     const std::vector<const uint8_t*>& data,
     const std::vector<size_t>& sizes,
     const std::vector<std::string>& names,
+    const std::vector<CropBox>* regions,
     std::vector<torch::Tensor>& out,
     cudaStream_t stream) {
   std::vector<const unsigned char*> bytes;
@@ -307,6 +311,24 @@ bool NvjpegDecoder::Impl::decode_hardware(
     images[k].channel[0] = out[i].data_ptr<uint8_t>();
     images[k].pitch[0] = size_t(out[i].size(1)) * 3;
   }
+  if (regions != nullptr) {
+    while (hardware_params.size() < ids.size()) {
+      nvjpegDecodeParams_t p = nullptr;
+      LAMP_NVJPEG_CHECK(nvjpegDecodeParamsCreate(handle, &p));
+      hardware_params.push_back(p);
+      LAMP_NVJPEG_CHECK(
+          nvjpegDecodeParamsSetOutputFormat(p, NVJPEG_OUTPUT_RGBI));
+    }
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const CropBox& r = (*regions)[ids[k]];
+      LAMP_NVJPEG_CHECK(nvjpegDecodeParamsSetROI(
+          hardware_params[k],
+          int(r.left),
+          int(r.top),
+          int(r.width),
+          int(r.height)));
+    }
+  }
   // The host barrier of Note [nvJPEG streams and threads]; then the last
   // hardware batch (perhaps on another stream) must be done with the state.
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -314,7 +336,17 @@ bool NvjpegDecoder::Impl::decode_hardware(
   const char* call = "nvjpegDecodeBatchedInitialize";
   nvjpegStatus_t status = nvjpegDecodeBatchedInitialize(
       handle, hardware_state, int(ids.size()), 1, NVJPEG_OUTPUT_RGBI);
-  if (status == NVJPEG_STATUS_SUCCESS) {
+  if (status == NVJPEG_STATUS_SUCCESS && regions != nullptr) {
+    call = "nvjpegDecodeBatchedEx";
+    status = nvjpegDecodeBatchedEx(
+        handle,
+        hardware_state,
+        bytes.data(),
+        lengths.data(),
+        images.data(),
+        hardware_params.data(),
+        stream);
+  } else if (status == NVJPEG_STATUS_SUCCESS) {
     call = "nvjpegDecodeBatched";
     status = nvjpegDecodeBatched(
         handle,
@@ -353,12 +385,23 @@ void NvjpegDecoder::Impl::decode_cuda(
     const uint8_t* data,
     size_t size,
     const std::string& name,
+    const CropBox* region,
     torch::Tensor& out,
     cudaStream_t stream) {
   Slot* s = nullptr;
   try {
     LAMP_NVJPEG_CHECK_IMAGE(
         nvjpegJpegStreamParse(handle, data, size, 0, 0, bitstream), name);
+    // (0, 0, -1, -1): the whole image.
+    LAMP_NVJPEG_CHECK(
+        region == nullptr
+            ? nvjpegDecodeParamsSetROI(params, 0, 0, -1, -1)
+            : nvjpegDecodeParamsSetROI(
+                  params,
+                  int(region->left),
+                  int(region->top),
+                  int(region->width),
+                  int(region->height)));
     s = &slot();
     LAMP_NVJPEG_CHECK_IMAGE(
         nvjpegDecodeJpegHost(handle, decoder, s->state, params, bitstream),

@@ -90,18 +90,22 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     const std::vector<size_t>& sizes,
     const std::vector<std::string>& names,
     cudaStream_t stream,
-    std::vector<std::optional<NvjpegFailure>>* failures) {
+    std::vector<std::optional<NvjpegFailure>>* failures,
+    const std::vector<CropBox>* regions) {
   Impl& d = *impl_;
   const size_t n = data.size();
   TORCH_CHECK(
-      sizes.size() == n && names.size() == n,
+      sizes.size() == n && names.size() == n &&
+          (regions == nullptr || regions->size() == n),
       "NvjpegDecoder::decode: ",
       n,
       " data pointers, ",
       sizes.size(),
-      " sizes and ",
+      " sizes, ",
       names.size(),
-      " names; pass one of each per image");
+      " names and ",
+      regions == nullptr ? n : regions->size(),
+      " regions; pass one of each per image");
   TORCH_CHECK(
       n <= size_t(d.max_batch_size),
       "NvjpegDecoder::decode: a batch of ",
@@ -192,14 +196,40 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     if (failed[i]) {
       continue;
     }
+    int64_t height = info[i].height;
+    int64_t width = info[i].width;
+    if (regions != nullptr) {
+      const CropBox& r = (*regions)[i];
+      TORCH_CHECK(
+          r.top >= 0 && r.left >= 0 && r.height > 0 && r.width > 0 &&
+              r.top + r.height <= height && r.left + r.width <= width,
+          "NvjpegDecoder::decode: region (top ",
+          r.top,
+          ", left ",
+          r.left,
+          ", ",
+          r.height,
+          " x ",
+          r.width,
+          ") is not inside ",
+          names[i],
+          " (",
+          height,
+          " x ",
+          width,
+          ")");
+      height = r.height;
+      width = r.width;
+    }
     out[i] = at::empty(
-        {info[i].height, info[i].width, 3},
+        {height, width, 3},
         at::TensorOptions().dtype(at::kByte).device(at::kCUDA, d.device));
     (info[i].hardware ? hardware_ids : cuda_ids).push_back(i);
   }
   bool hardware_failed = false;
   if (!hardware_ids.empty() &&
-      !d.decode_hardware(hardware_ids, data, sizes, names, out, stream)) {
+      !d.decode_hardware(
+          hardware_ids, data, sizes, names, regions, out, stream)) {
     hardware_failed = true;
     cuda_ids.insert(cuda_ids.begin(), hardware_ids.begin(), hardware_ids.end());
     hardware_ids.clear();
@@ -208,7 +238,13 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
   for (size_t i : cuda_ids) {
     if (attempt(i, [&] {
           d.decode_cuda(
-              bitstreams[i], data[i], sizes[i], names[i], out[i], stream);
+              bitstreams[i],
+              data[i],
+              sizes[i],
+              names[i],
+              regions == nullptr ? nullptr : &(*regions)[i],
+              out[i],
+              stream);
         })) {
       ++cuda_decoded;
     } else {

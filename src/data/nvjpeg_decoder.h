@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <lamp/data/transforms.h>
 #include <lamp/export.h>
 
 namespace lamp::data::detail {
@@ -90,12 +91,19 @@ class LAMP_API NvjpegDecoder {
   /// With `failures`: an image that is corrupt, truncated or unsupported
   /// gets an undefined tensor and its reason in (*failures)[i] (resized to
   /// the batch), instead of throwing, and the other images decode.
+  ///
+  /// With `regions` (one per image): image i comes out as only
+  /// (*regions)[i] of it, [height, width, 3], and nvJPEG decodes only that
+  /// region where it can (its ROI decode: the engines and the CUDA backend
+  /// write only the region; the entropy decoding still reads the whole
+  /// file). A region must lie inside its image (c10::Error otherwise).
   std::vector<torch::Tensor> decode(
       const std::vector<const uint8_t*>& data,
       const std::vector<size_t>& sizes,
       const std::vector<std::string>& names,
       cudaStream_t stream,
-      std::vector<std::optional<NvjpegFailure>>* failures = nullptr);
+      std::vector<std::optional<NvjpegFailure>>* failures = nullptr,
+      const std::vector<CropBox>* regions = nullptr);
 
   /// How many images of the last decode() call the hardware engines decoded,
   /// and how many the CUDA backend did.

@@ -59,6 +59,8 @@ struct NvjpegDecoder::Impl {
   cudaEvent_t hardware_done = nullptr;
   nvjpegJpegDecoder_t decoder = nullptr;
   nvjpegDecodeParams_t params = nullptr;
+  // The engines' per-image parameters (ROI), made on first use.
+  std::vector<nvjpegDecodeParams_t> hardware_params;
   std::unique_ptr<CachingDeviceMemory> memory;
   nvjpegBufferDevice_t device_buffer = nullptr;
   std::vector<Slot> slots;
@@ -89,6 +91,7 @@ struct NvjpegDecoder::Impl {
       const std::vector<const uint8_t*>& data,
       const std::vector<size_t>& sizes,
       const std::vector<std::string>& names,
+      const std::vector<CropBox>* regions,
       std::vector<torch::Tensor>& out,
       cudaStream_t stream);
   void decode_cuda(
@@ -96,6 +99,7 @@ struct NvjpegDecoder::Impl {
       const uint8_t* data,
       size_t size,
       const std::string& name,
+      const CropBox* region,
       torch::Tensor& out,
       cudaStream_t stream);
 };

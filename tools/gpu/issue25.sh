@@ -7,7 +7,7 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe): any of build tests sets loader probe e2e, comma-separated.
+# STEPS (default all but probe and roi): any of build tests sets loader probe roi e2e, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -32,7 +32,7 @@ if want build; then
       -DCMAKE_CXX_FLAGS="-isystem $ROOT/.deps/usr/include/x86_64-linux-gnu" \
       -DNVJPEG_ROOT="$ROOT/.deps/nvjpeg/nvidia/cu13" -DLAMP_WITH_NVJPEG=ON \
       -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 &&
-      cmake --build "$B" -j16
+      cmake --build "$B" -j16 ${TARGETS:+--target $TARGETS}
   } > "$OUT/build.log" 2>&1
   status=$?
   grep -E "lamp: " "$OUT/build.log"
@@ -49,8 +49,10 @@ if want sets; then
   (
     python3 benchmarks/make_jpegs.py $B/sets/photo/train --classes 100 --per-class 60
     [ -n "${PHOTO_ONLY:-}" ] && exit 0
-    python3 benchmarks/make_jpegs.py $B/sets/photo/val --classes 100 --per-class 3 --seed 1
+    [ -n "${TRAIN_ONLY:-}" ] ||
+      python3 benchmarks/make_jpegs.py $B/sets/photo/val --classes 100 --per-class 3 --seed 1
     python3 benchmarks/make_jpegs.py $B/sets/hard/train --profile hard --classes 100 --per-class 40
+    [ -n "${TRAIN_ONLY:-}" ] && exit 0
     python3 benchmarks/make_jpegs.py $B/sets/hard/val --profile hard --classes 100 --per-class 3 --seed 1
   ) > "$OUT/sets.log" 2>&1 &
   SETS=$!
@@ -110,6 +112,37 @@ if want probe; then
       "--decode cpu --threads 16"; do
     timeout 90 $L --data $B/sets/photo/train --batches 100 $args \
       2>> "$OUT/probe.err" | tee -a "$OUT/probe.jsonl"
+  done
+fi
+
+if want roi; then
+  # nvJPEG's ROI decode (the training crop only) against whole images, the
+  # decoder alone; then the loader with and without it, and with the decode
+  # threads at a lower priority than the stage threads (nice, SCHED_BATCH).
+  say "roi + priority"
+  N=$B/benchmarks/nvjpeg_decoder
+  for set in photo hard; do
+    for args in "--decoders 2" "--decoders 2 --roi" "--decoders 3" "--decoders 3 --roi"; do
+      timeout 60 $N --data $B/sets/$set/train --batches 40 $args \
+        2>> "$OUT/roi.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/roi.jsonl"
+    done
+  done
+  run_loader() { # SET ENV... -- ARGS
+    local set=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 80 "$@" \
+      2>> "$OUT/roi.err" | sed "s/^{/{\"set\": \"$set\", \"env\": \"${envs[*]}\", /" |
+      tee -a "$OUT/roi.jsonl"
+  }
+  for set in photo hard; do
+    run_loader $set LAMP_GPU_ROI=0 -- --decode auto
+    run_loader $set LAMP_GPU_ROI=1 -- --decode auto
+    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_NICE=5 -- --decode auto
+    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_BATCH=1 LAMP_DECODE_NICE=10 -- --decode auto
+    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_NICE=5 -- --decode auto --stage-threads 3
+    run_loader $set LAMP_GPU_ROI=1 -- --decode gpu --stage-threads 3
   done
 fi
 
