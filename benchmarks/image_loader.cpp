@@ -6,7 +6,7 @@
 // the same folder; benchmarks/make_jpegs.py writes one.
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
-//                [--no-partial-decode] [--threads 16] [--stage-threads 2]
+//                [--no-partial-decode] [--threads 16] [--stage-threads 3]
 //                [--batch-size 256]
 //                [--batches 200]
 //
@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   std::string decode = "auto";
   bool whole = false;
   int64_t threads = 16;
-  int64_t stage_threads = 2;
+  int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
+  int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
   int64_t prefetch = 3;
   int64_t batch_size = 256;
   int64_t batches = 200;
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--no-partial-decode", whole, "decode whole JPEGs, not just the crop");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
+  app.add_option("--decode-nice", decode_nice, "decode threads' nice offset")
+      ->capture_default_str();
   app.add_option("--stage-threads", stage_threads, "stage threads (lanes)")
       ->capture_default_str();
   app.add_option("--prefetch", prefetch, "batches prepared ahead")
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
           .channels_last(true)
           .num_threads(threads)
           .stage_threads(stage_threads)
+          .decode_nice(decode_nice)
           .prefetch(prefetch)
           .decode(
               decode == "cpu"       ? lamp::data::ImageDecode::kCpu
@@ -137,13 +141,14 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, "
-      "\"threads\": %lld, \"stage_threads\": %lld, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
+      "\"threads\": %lld, \"stage_threads\": %lld, \"decode_nice\": %d, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
       "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
       static_cast<long long>(threads),
       static_cast<long long>(stage_threads),
+      decode_nice,
       static_cast<long long>(prefetch),
       static_cast<long long>(batch_size),
       images / s,

@@ -15,9 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "support.h"
@@ -378,11 +382,64 @@ TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {
   lamp::test::expect_error(
       [&] { ImageLoader(folder, ImageLoaderOptions().stage_threads(0)); },
       "stage_threads must be positive");
+  lamp::test::expect_error(
+      [&] { ImageLoader(folder, ImageLoaderOptions().decode_nice(20)); },
+      "decode_nice must be in 0..19");
 #if !LAMP_WITH_CUDA
   lamp::test::expect_error(
       [&] { ImageLoader(folder, ImageLoaderOptions().gpu_decode(true)); },
       "needs a CUDA device");
 #endif
+}
+
+// The nice value of each of this process's threads (/proc/self/task).
+std::vector<int> thread_nice_values() {
+  std::vector<int> out;
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) {
+    return out;
+  }
+  while (const dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') {
+      continue;
+    }
+    std::ifstream stat(
+        std::string("/proc/self/task/") + entry->d_name + "/stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)), {});
+    // Fields after the command's closing parenthesis: state is field 3,
+    // nice field 19.
+    std::istringstream rest(text.substr(text.rfind(')') + 2));
+    std::string field;
+    for (int k = 3; k <= 19 && rest >> field; ++k) {
+    }
+    out.push_back(std::stoi(field));
+  }
+  closedir(tasks);
+  return out;
+}
+
+TEST_F(ImageLoaderTest, DecodeThreadsRunAtALowerPriority) {
+  const auto root = make_folder("data", 2, 8, 32, 4);
+  ImageFolder folder(root);
+  const int base = getpriority(PRIO_PROCESS, 0);
+  if (base > 19 - 4) {
+    GTEST_SKIP() << "this process runs at nice " << base;
+  }
+  for (int nice : {0, 4}) {
+    SCOPED_TRACE("decode_nice " + std::to_string(nice));
+    ImageLoader loader(
+        folder,
+        ImageLoaderOptions()
+            .batch_size(2)
+            .image_size(16)
+            .num_threads(3)
+            .decode_nice(nice));
+    ASSERT_TRUE(loader.next().has_value()); // the threads run
+    const auto values = thread_nice_values();
+    const auto lowered = std::count(values.begin(), values.end(), base + 4);
+    EXPECT_EQ(lowered, nice == 0 ? 0 : 3);
+    EXPECT_EQ(getpriority(PRIO_PROCESS, 0), base); // this thread's is kept
+  }
 }
 
 TEST_F(ImageLoaderTest, ATinyModelLearnsThroughTheLoader) {

@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <mutex>
 
 #include "decode_split.h"
@@ -298,11 +297,7 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
   }
   // Training: nvJPEG decodes only the crop (its ROI decode), as the decode
   // threads do (partial_decode); the evaluation transform needs it all.
-  static const bool roi_env = [] {
-    const char* v = std::getenv("LAMP_GPU_ROI");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  const bool roi = recipe.train && recipe.partial_decode && roi_env;
+  const bool roi = recipe.train && recipe.partial_decode;
   std::vector<std::optional<NvjpegFailure>> failures;
   auto images = lane.nvjpeg->decode(
       data,
