@@ -6,7 +6,8 @@
 // the same folder; benchmarks/make_jpegs.py writes one.
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
-//                [--no-partial-decode] [--threads 16] [--stage-threads 3]
+//                [--no-partial-decode] [--threads 16] [--stage-threads 2]
+//                [--decode-nice 5]
 //                [--batch-size 256]
 //                [--batches 200]
 //

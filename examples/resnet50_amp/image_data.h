@@ -24,6 +24,9 @@ struct DataOptions {
   int64_t epochs = 1;
   int64_t workers = 8; // decode threads per process
   int64_t prefetch = 4; // batches prepared ahead (the loader's default)
+  // The loader's defaults: stage threads (lanes), decode threads' nice.
+  int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
+  int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
   std::string decode = "auto"; // cpu, gpu or auto
   bool skip_bad_images = false;
 };
@@ -42,6 +45,19 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
       ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "--data: batches prepared ahead")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option(
+         "--stage-threads",
+         o.stage_threads,
+         "--data: threads that make batches on the device, each with its own "
+         "stream and nvJPEG decoder")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option(
+         "--decode-nice",
+         o.decode_nice,
+         "--data: how much lower the decode threads' priority is (nice)")
+      ->check(CLI::Range(0, 19))
       ->capture_default_str();
   app.add_option(
          "--decode",
@@ -95,6 +111,8 @@ class ImageData {
             .channels_last(channels_last)
             .num_threads(o.workers)
             .prefetch(o.prefetch)
+            .stage_threads(o.stage_threads)
+            .decode_nice(o.decode_nice)
             .decode(
                 o.decode == "cpu"       ? lamp::data::ImageDecode::kCpu
                     : o.decode == "gpu" ? lamp::data::ImageDecode::kGpu

@@ -94,17 +94,19 @@ struct LAMP_API ImageLoaderOptions {
   /// Threads that turn decoded rows into batches on the device, taking
   /// alternate batches; on CUDA each has its own stream and nvJPEG decoder.
   /// One nvJPEG decoder's host work (parsing, waiting for the hardware
-  /// engines) keeps the engines idle between batches; more keep them busy
-  /// (benchmarks/nvjpeg_decoder: 6.5k -> 8.9k img/s on an H200 with two;
-  /// the loader on photographs: 11.6k with two, 12.0k with three). Each
-  /// costs an nvJPEG decoder's device memory. Default: 3.
-  TORCH_ARG(int64_t, stage_threads) = 3;
+  /// engines) keeps the engines idle between batches; two keep them busy
+  /// (benchmarks/nvjpeg_decoder: 6.5k -> 8.9k img/s on an H200). A third
+  /// made the loader alone ~4 % faster but ResNet-50 fed by it slower (its
+  /// kernels share the GPU with the step), and costs another nvJPEG
+  /// decoder's device memory. Default: 2.
+  TORCH_ARG(int64_t, stage_threads) = 2;
   /// How much lower the decode threads' scheduling priority is than the
   /// thread that made the loader (Linux `nice`, 0..19): the stage threads
   /// and the training thread wait for the GPU and run briefly, and should
   /// get a core at once when they wake, not after a decode thread's time
   /// slice. On an H200 host with 16 decode threads on 16 cores, 5 made the
-  /// loader 12-13 % faster on photographs. 0 keeps the priority. Default: 5.
+  /// loader alone 12-13 % faster (two stage threads). 0 keeps the priority.
+  /// Default: 5.
   TORCH_ARG(int, decode_nice) = 5;
   /// Where JPEGs are decoded (ImageDecode). Default: kAuto.
   TORCH_ARG(ImageDecode, decode) = ImageDecode::kAuto;
