@@ -15,8 +15,8 @@
 
 #include <lamp/data.h>
 
-#include <CLI/CLI.hpp>
 #include <ATen/CPUGeneratorImpl.h>
+#include <CLI/CLI.hpp>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>

@@ -335,8 +335,7 @@ TEST_F(NvjpegDecoderGpu, RegionsEqualTheWholeImageCropped) {
                                 .narrow(0, r.top, r.height)
                                 .narrow(1, r.left, r.width)
                                 .to(torch::kInt);
-      ASSERT_EQ(
-          cropped[i].sizes(), torch::IntArrayRef({r.height, r.width, 3}));
+      ASSERT_EQ(cropped[i].sizes(), torch::IntArrayRef({r.height, r.width, 3}));
       const int max =
           (cropped[i].to(torch::kInt) - expected).abs().max().item<int>();
       std::cout << "[ nvjpeg   ] region of " << files[i]->name << " on "

@@ -394,14 +394,13 @@ void NvjpegDecoder::Impl::decode_cuda(
         nvjpegJpegStreamParse(handle, data, size, 0, 0, bitstream), name);
     // (0, 0, -1, -1): the whole image.
     LAMP_NVJPEG_CHECK(
-        region == nullptr
-            ? nvjpegDecodeParamsSetROI(params, 0, 0, -1, -1)
-            : nvjpegDecodeParamsSetROI(
-                  params,
-                  int(region->left),
-                  int(region->top),
-                  int(region->width),
-                  int(region->height)));
+        region == nullptr ? nvjpegDecodeParamsSetROI(params, 0, 0, -1, -1)
+                          : nvjpegDecodeParamsSetROI(
+                                params,
+                                int(region->left),
+                                int(region->top),
+                                int(region->width),
+                                int(region->height)));
     s = &slot();
     LAMP_NVJPEG_CHECK_IMAGE(
         nvjpegDecodeJpegHost(handle, decoder, s->state, params, bitstream),
