@@ -11,6 +11,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace autocast_test {
+
 namespace {
 
 using at::autocast::get_autocast_dtype;
@@ -422,3 +427,5 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(python_name(info.param)); });
 
 } // namespace
+
+} // namespace autocast_test

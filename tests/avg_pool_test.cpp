@@ -12,6 +12,11 @@
 #include <tuple>
 #include <vector>
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace avg_pool_test {
+
 namespace {
 
 // y and dx of the global average pooling of x for output gradient dy.
@@ -150,3 +155,5 @@ TEST_F(GlobalAvgPoolGpu, OtherInputsTakeATensPath) {
 }
 
 } // namespace
+
+} // namespace avg_pool_test

@@ -13,6 +13,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace batch_count_test {
+
 namespace {
 
 using lamp::nn::BatchCountGuard;
@@ -242,3 +247,5 @@ TEST_F(BatchCountGuardGpu, EveryReplayOfACapturedStepCounts) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace batch_count_test

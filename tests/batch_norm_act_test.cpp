@@ -18,6 +18,11 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace batch_norm_act_test {
+
 namespace {
 
 using lamp::nn::BatchNormAct2d;
@@ -802,3 +807,5 @@ TEST_F(BatchNormActGpu, MomentumNoneInACapturedStepIsAClearError) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace batch_norm_act_test

@@ -13,6 +13,11 @@
 #include <stdexcept>
 #include <vector>
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace cast_weights_test {
+
 namespace {
 
 // Every module kind the guard casts, a bias-free convolution, a parameter
@@ -351,3 +356,5 @@ TEST_F(CastWeightsGpu, ReplaysEqualEagerSteps) {
 }
 
 } // namespace
+
+} // namespace cast_weights_test

@@ -20,6 +20,11 @@
 
 extern char** environ;
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace checkpoint_test {
+
 namespace {
 
 using lamp::test::expect_error;
@@ -678,3 +683,5 @@ TEST(Checkpoint, KilledSaveLeavesThePreviousCheckpointLoadable) {
 }
 
 } // namespace
+
+} // namespace checkpoint_test

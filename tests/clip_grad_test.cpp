@@ -21,6 +21,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace clip_grad_test {
+
 namespace {
 
 using lamp::test::expect_error;
@@ -786,3 +791,5 @@ TEST_F(ClipGradGpu, NeedsACudaBuild) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace clip_grad_test

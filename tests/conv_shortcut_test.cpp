@@ -14,6 +14,11 @@
 #include <cstdint>
 #include <functional>
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace conv_shortcut_test {
+
 namespace {
 
 using lamp::nn::ShortcutGradient;
@@ -204,3 +209,5 @@ TEST_F(ConvShortcutGpu, ResNetIdentityBlockUnderAutocast) {
 }
 
 } // namespace
+
+} // namespace conv_shortcut_test

@@ -19,6 +19,11 @@
 #include <cuda_runtime_api.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace cuda_graph_test {
+
 namespace {
 
 using lamp::test::expect_error;
@@ -502,3 +507,5 @@ TEST_F(GraphedStepGpu, DISABLED_LearningRateOfALateGroupReachesTheGraph) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace cuda_graph_test

@@ -29,6 +29,11 @@
 #define LAMP_DDP_WORKER ""
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace ddp_test {
+
 namespace {
 
 using lamp::DistributedDataParallel;
@@ -611,3 +616,5 @@ TEST_F(DdpMultiGpu, ARankThatExitsDuringGraphedTrainingMakesTheOtherThrow) {
   EXPECT_NE(error.find("communicator was aborted"), std::string::npos) << error;
   EXPECT_LT(std::stod(value(0, "seconds")), 30.0) << error;
 }
+
+} // namespace ddp_test

@@ -27,6 +27,11 @@
 
 extern char** environ;
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace dist_launch_test {
+
 namespace {
 
 using lamp::dist::Environment;
@@ -668,3 +673,5 @@ TEST(DistRendezvous, TwoProcessesFromSlurmsVariables) {
 }
 
 } // namespace
+
+} // namespace dist_launch_test

@@ -18,6 +18,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace dist_process_group_test {
+
 namespace {
 
 using lamp::dist::ProcessGroup;
@@ -239,3 +244,5 @@ TEST(DistStoreGroup, WithoutGpusAnNcclGroupIsADistBackendError) {
 }
 
 } // namespace
+
+} // namespace dist_process_group_test

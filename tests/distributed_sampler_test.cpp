@@ -11,6 +11,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace distributed_sampler_test {
+
 namespace {
 
 using lamp::data::DistributedSampler;
@@ -178,3 +183,5 @@ TEST(DistributedSampler, RankErrorIsPythons) {
 }
 
 } // namespace
+
+} // namespace distributed_sampler_test

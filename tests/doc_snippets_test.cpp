@@ -14,6 +14,11 @@
 #include <utility>
 #include <vector>
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace doc_snippets_test {
+
 namespace {
 
 using Batches = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
@@ -220,3 +225,5 @@ TEST(DocSnippets, TheBatchNormActSnippetRunsOnTheCpu) {
 }
 
 } // namespace
+
+} // namespace doc_snippets_test

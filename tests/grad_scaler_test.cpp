@@ -21,6 +21,11 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace grad_scaler_test {
+
 namespace {
 
 using lamp::test::expect_error;
@@ -742,3 +747,5 @@ TEST_F(GradScalerStepGpu, WholeStepCapturedInACudaGraphSkipsOnInf) {
 #endif
 
 } // namespace
+
+} // namespace grad_scaler_test

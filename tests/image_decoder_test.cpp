@@ -18,6 +18,11 @@
 #include "data/image_decoder_detail.h"
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace image_decoder_test {
+
 namespace {
 
 using lamp::data::decode_image;
@@ -278,3 +283,5 @@ TEST_F(ImageDecoder, TooManyPixelsIsAnErrorNotAnAllocation) {
 }
 
 } // namespace
+
+} // namespace image_decoder_test

@@ -14,6 +14,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace image_folder_test {
+
 namespace {
 
 using lamp::data::ImageFolder;
@@ -489,3 +494,5 @@ TEST(ImageFolder, ImageExtensionsAreTorchvisions) {
 }
 
 } // namespace
+
+} // namespace image_folder_test

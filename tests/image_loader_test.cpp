@@ -26,6 +26,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace image_loader_test {
+
 namespace {
 
 using lamp::data::ImageFolder;
@@ -683,3 +688,5 @@ TEST_F(ImageLoaderGpu, TrainsThroughAGraphedStep) {
 }
 
 } // namespace
+
+} // namespace image_loader_test

@@ -19,6 +19,11 @@
 #include "lr_scheduler_scenarios.h"
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace lr_scheduler_state_test {
+
 using namespace lamp::optim;
 using namespace lamp::test::lr;
 using lamp::test::expect_error;
@@ -267,3 +272,5 @@ TEST(LRSchedulerState, ArchiveWithoutSchedulerStateIsRejected) {
       "StepLR.load: the archive holds no scheduler state");
   EXPECT_EQ(sig(s.scheduler->state_dict()), before);
 }
+
+} // namespace lr_scheduler_state_test

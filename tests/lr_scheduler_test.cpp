@@ -20,6 +20,11 @@
 #include "lr_scheduler_scenarios.h"
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace lr_scheduler_test {
+
 using namespace lamp::optim;
 using namespace lamp::test::lr;
 using lamp::test::expect_error;
@@ -217,3 +222,5 @@ TEST(LRSchedulerTest, WorksWithAnyOptimizer) {
   }
   EXPECT_EQ(lrs, (std::vector<double>{1.0, 0.5, 0.5, 0.25}));
 }
+
+} // namespace lr_scheduler_test

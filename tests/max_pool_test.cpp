@@ -16,6 +16,11 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace max_pool_test {
+
 namespace {
 
 struct Pool {
@@ -193,3 +198,5 @@ TEST_F(MaxPoolGpu, NoDoubleBackward) {
 }
 
 } // namespace
+
+} // namespace max_pool_test

@@ -23,6 +23,11 @@
 #include "graph/memset_nodes.h"
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace memset_nodes_test {
+
 namespace {
 
 #if LAMP_WITH_CUDA
@@ -211,3 +216,5 @@ TEST_F(MemsetNodesGpu, GraphedStepReplaysTheSameWithAndWithoutTheRewrite) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace memset_nodes_test

@@ -13,6 +13,11 @@
 #include "amp/non_finite_check.h"
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace non_finite_check_test {
+
 namespace {
 
 class NonFiniteCheckGpu : public lamp::test::GpuTest {};
@@ -131,3 +136,5 @@ TEST_F(NonFiniteCheckGpu, LeavesWhatItCannotReadToTheCaller) {
 }
 
 } // namespace
+
+} // namespace non_finite_check_test

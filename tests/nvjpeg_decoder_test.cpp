@@ -26,6 +26,11 @@
 #include <iostream>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace nvjpeg_decoder_test {
+
 namespace {
 
 using lamp::data::detail::read_jpeg_layout;
@@ -555,3 +560,5 @@ TEST(NvjpegDecoderGpu, NotBuilt) {
 #endif
 
 } // namespace
+
+} // namespace nvjpeg_decoder_test

@@ -16,6 +16,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace optim_test {
+
 namespace {
 
 using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(
@@ -235,3 +240,5 @@ TEST(Optim, BadOptionsAreClearErrors) {
 }
 
 } // namespace
+
+} // namespace optim_test

@@ -16,6 +16,11 @@
 #include <iostream>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace resize_batch_test {
+
 namespace {
 
 #if LAMP_WITH_CUDA
@@ -180,3 +185,5 @@ TEST(ResizeBatchGpu, NotBuilt) {
 #endif
 
 } // namespace
+
+} // namespace resize_batch_test

@@ -19,6 +19,11 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace resnet50_test {
+
 namespace {
 
 TEST(ResNet50, HasTorchvisionsParameterCount) {
@@ -238,3 +243,5 @@ TEST(ResNet50Gpu, FusedBatchNormTrainsLikeUnfused) {
 #endif // LAMP_WITH_CUDA
 
 } // namespace
+
+} // namespace resnet50_test

@@ -16,6 +16,11 @@
 
 #include "support.h"
 
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD), and file-local names of different files
+// must not meet in one unit.
+namespace transforms_test {
+
 namespace {
 
 using lamp::data::CropBox;
@@ -144,3 +149,5 @@ TEST(Transforms, ResizedPixelsMatchTorchvision) {
 }
 
 } // namespace
+
+} // namespace transforms_test
