@@ -3,7 +3,7 @@
 # and one line naming the file (no abort, no backtrace); with it, the run
 # ends normally and says it skipped one training image.
 #
-#   cmake -DPYTHON=<python with Pillow> -DORACLE=<tests/image_oracle.py>
+#   cmake -DPYTHON=<python with Pillow> -DORACLE=<tests/data/image_oracle.py>
 #         -DDATA=<folder> -DPROGRAM=... -DARGS=... -P bad_image_test.cmake
 
 if(NOT PYTHON)

@@ -3,7 +3,7 @@
 # steps and validation accuracies as the uninterrupted run (the loader's
 # position travels in the checkpoint).
 #
-#   cmake -DPYTHON=<python with Pillow> -DORACLE=<tests/image_oracle.py>
+#   cmake -DPYTHON=<python with Pillow> -DORACLE=<tests/data/image_oracle.py>
 #         -DDATA=<folder> -DPROGRAM=... -DARGS=... -DWORK=... -DEVERY=...
 #         -DSTOP=... -P data_resume_test.cmake
 

@@ -1,3 +1,10 @@
+// Reads a torch.save archive (a zip of a pickle and storage records) into
+// an IValue: lamp's own unpickler, for the opcodes torch.save writes.
+//
+// NOTE: over 500 lines for one concern: the unpickler's opcode loop
+// (Reader) with the stack and memo every opcode shares; split, that state
+// would cross files.
+
 #include "archive.h"
 #include "zip_index.h"
 

@@ -1,3 +1,9 @@
+// Optimizer state dicts in Python's layout (Adam, AdamW, SGD and the fused
+// ones; any other optimizer as LibTorch's archive).
+//
+// NOTE: over 500 lines for one concern: each optimizer's save, check and
+// load side by side, so that the three stay in step per optimizer.
+
 #include "state_dict.h"
 
 #include <lamp/optim.h>

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "batch_stage.h"
-#include "image_folder_detail.h"
+#include "loader_options.h"
 #include "sample_pipeline.h"
 
 namespace lamp::data {
@@ -363,60 +363,7 @@ void ImageLoader::Impl::stop_and_join() {
 ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
     : impl_(std::make_unique<Impl>(dataset, std::move(options))) {
   const auto& o = impl_->options;
-  TORCH_CHECK_VALUE(
-      o.batch_size() > 0,
-      "ImageLoader: batch_size must be "
-      "positive, got ",
-      o.batch_size());
-  TORCH_CHECK_VALUE(
-      o.num_threads() > 0 && o.prefetch() > 0,
-      "ImageLoader: num_threads and prefetch must be positive, "
-      "got ",
-      o.num_threads(),
-      " and ",
-      o.prefetch());
-  TORCH_CHECK_VALUE(
-      o.decode_nice() >= 0 && o.decode_nice() <= 19,
-      "ImageLoader: decode_nice must be in 0..19 (Linux nice values; 0 keeps "
-      "the decode threads' priority), got ",
-      o.decode_nice());
-  TORCH_CHECK_VALUE(
-      o.image_size() > 0 && o.resize_size() >= o.image_size(),
-      "ImageLoader: need 0 < image_size <= resize_size, got ",
-      o.image_size(),
-      " and ",
-      o.resize_size());
-  TORCH_CHECK_VALUE(
-      o.dtype() == torch::kFloat || o.dtype() == torch::kHalf ||
-          o.dtype() == torch::kBFloat16,
-      "ImageLoader: dtype must be float, half or bfloat16, got ",
-      o.dtype());
-  if (!o.skip_bad_images()) {
-    // NOTE: a folder listed with torchvision's extensions may hold BMP,
-    // TIFF or WebP files, which the decoders refuse: say so now, not when
-    // the first of them comes up mid-epoch.
-    const auto decodable = decodable_image_extensions();
-    int64_t others = 0;
-    const std::string* first = nullptr;
-    for (const auto& sample : dataset.samples()) {
-      if (!detail::has_allowed_extension(sample.path, decodable)) {
-        first = first == nullptr ? &sample.path : first;
-        ++others;
-      }
-    }
-    TORCH_CHECK_VALUE(
-        others == 0,
-        "ImageLoader: ",
-        others,
-        " of the folder's ",
-        dataset.size(),
-        " images are not JPEG or PNG by their extension (the first: ",
-        first == nullptr ? std::string() : *first,
-        "), and the loader decodes only those; convert them, list the folder "
-        "without them (ImageFolderOptions().extensions(lamp::data::"
-        "decodable_image_extensions())), or skip them while training "
-        "(skip_bad_images(true))");
-  }
+  detail::check_loader_options(dataset, o);
   auto& recipe = impl_->recipe;
   recipe.train = o.train();
   recipe.image_size = o.image_size();

@@ -43,7 +43,7 @@ struct Normalization {
 // `x.div_(255).sub_(mean).div_(std)` on the uint8 rows, then cast.
 // S = recipe.image_size. The transform equals LibTorch's CUDA
 // interpolate(antialias=True) + round + clamp path up to float contraction
-// (tests/resize_batch_test.cpp).
+// (tests/data/resize_batch_test.cpp).
 LAMP_API void write_rows(
     const Recipe& recipe,
     const std::vector<RowSource>& sources,

@@ -39,7 +39,7 @@ void check_fused_param(const torch::Tensor& param, const char* name) {
 // go wrong too: every parameter must have stepped before the capture).
 void check_not_capturing(const torch::Tensor& param, const char* name) {
   TORCH_CHECK(
-      !param.is_cuda() || !detail::capturing(),
+      !param.is_cuda() || !lamp::detail::capturing(),
       name,
       ": a parameter of shape ",
       param.sizes(),
@@ -182,7 +182,7 @@ void fused_adam_step(
         }
       };
       const auto lr = self.device_lr(g, bucket.device);
-      detail::launch_multi_tensor(lists, &steps, [&] {
+      lamp::detail::launch_multi_tensor(lists, &steps, [&] {
         if (lr) {
           run(*lr);
         } else {
@@ -255,7 +255,7 @@ std::optional<torch::Tensor> FusedOptimizer::device_lr(
     if (entry.group == group && entry.device == device) {
       // NOTE: not during capture: the fill would be replayed with the
       // value of the capture. GraphedStep syncs before each replay.
-      if (entry.value != lr && !detail::capturing()) {
+      if (entry.value != lr && !lamp::detail::capturing()) {
         entry.lr.fill_(lr);
         entry.value = lr;
       }
@@ -263,7 +263,7 @@ std::optional<torch::Tensor> FusedOptimizer::device_lr(
     }
   }
   TORCH_CHECK(
-      !detail::capturing(),
+      !lamp::detail::capturing(),
       "lamp::optim::FusedOptimizer: param group ",
       group,
       " needs a device learning rate on ",
@@ -435,7 +435,7 @@ void FusedSGD::step_scaled(
             on(found_inf, bucket.device));
       };
       const auto lr = device_lr(g, bucket.device);
-      detail::launch_multi_tensor(lists, nullptr, [&] {
+      lamp::detail::launch_multi_tensor(lists, nullptr, [&] {
         if (lr) {
           run(*lr);
         } else {

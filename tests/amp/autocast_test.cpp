@@ -140,7 +140,7 @@ std::map<std::string, c10::ScalarType> run_cases(
 void expect_same_dtypes_as_python(DeviceType device, c10::ScalarType lp) {
   const std::string device_name = device == DeviceType::CUDA ? "cuda" : "cpu";
   const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-      "autocast_oracle.py", device_name + ":" + python_name(lp)));
+      "amp/autocast_oracle.py", device_name + ":" + python_name(lp)));
   std::map<std::string, std::string> python;
   for (const auto& fields : lines) {
     ASSERT_EQ(fields.size(), 4u);

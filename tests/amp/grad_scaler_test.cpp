@@ -181,7 +181,7 @@ Run run_cpp(const std::string& scenario, torch::Device device, int steps) {
 Run run_python(const std::string& scenario, const char* device, int steps) {
   Run run;
   const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-      "grad_scaler_oracle.py",
+      "amp/grad_scaler_oracle.py",
       scenario + " " + device + " " + std::to_string(steps)));
   for (const auto& f : lines) {
     if (f[0] == "step") {

@@ -373,7 +373,7 @@ TEST(Checkpoint, NewerFormatIsRefused) {
   LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
   const auto path = fresh_dir("newer") + "/newer.pt";
   lamp::test::run_python_oracle(
-      "checkpoint_oracle.py", "newer \"" + path + "\"");
+      "checkpoint/checkpoint_oracle.py", "newer \"" + path + "\"");
   lamp::TrainingState state;
   expect_error(
       [&] { lamp::load_checkpoint(state, path); },
@@ -403,7 +403,7 @@ TEST(Checkpoint, PythonLoadsTheResNet50IntoTorchvision) {
   const auto path = fresh_dir("resnet50") + "/resnet50.pt";
   lamp::save_checkpoint(state, path);
   const auto out = lamp::test::run_python_oracle(
-      "checkpoint_oracle.py", "resnet50 \"" + path + "\"");
+      "checkpoint/checkpoint_oracle.py", "resnet50 \"" + path + "\"");
   const auto fields = lamp::test::split_lines(out).at(0);
   ASSERT_EQ(fields.at(0), "max_abs_diff");
   EXPECT_LT(std::stod(fields.at(1)), 1e-4);
@@ -434,7 +434,7 @@ TEST(Checkpoint, PythonResumesLampAndLampResumesPython) {
   const auto dir = fresh_dir("interop");
   lamp::save_checkpoint(state, dir + "/lamp.pt", step);
   lamp::test::run_python_oracle(
-      "checkpoint_oracle.py",
+      "checkpoint/checkpoint_oracle.py",
       "mlp \"" + dir + "/lamp.pt\" \"" + dir + "/python.pt\"");
   // lamp's own step from the same state.
   adam.zero_grad();

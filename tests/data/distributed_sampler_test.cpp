@@ -73,7 +73,7 @@ TEST(DistributedSampler, MatchesPython) {
     args += " " + c.spec();
   }
   const auto lines = lamp::test::split_lines(
-      lamp::test::run_python_oracle("distributed_sampler_oracle.py", args));
+      lamp::test::run_python_oracle("data/distributed_sampler_oracle.py", args));
   ASSERT_EQ(lines.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
@@ -166,7 +166,7 @@ TEST(DistributedSampler, RejectsBadRankAndWorldSize) {
 TEST(DistributedSampler, RankErrorIsPythons) {
   LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
   const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-      "distributed_sampler_oracle.py", "10:4:4:1:0:0:0 10:-1:2:1:0:0:0"));
+      "data/distributed_sampler_oracle.py", "10:4:4:1:0:0:0 10:-1:2:1:0:0:0"));
   ASSERT_EQ(lines.size(), 2u);
   const std::vector<std::pair<int64_t, int64_t>> bad{{4, 4}, {-1, 2}};
   for (size_t i = 0; i < bad.size(); ++i) {

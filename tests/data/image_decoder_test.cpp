@@ -38,7 +38,7 @@ class ImageDecoder : public testing::Test {
     }
     dir_ = testing::TempDir() + "lamp_images_" + std::to_string(getpid());
     const auto names =
-        lamp::test::run_python_oracle("image_oracle.py", "images " + dir_);
+        lamp::test::run_python_oracle("data/image_oracle.py", "images " + dir_);
     const auto bytes = read_file(dir_ + "/expected.pt");
     expected_ = new c10::Dict<c10::IValue, c10::IValue>(
         torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()))

@@ -143,7 +143,7 @@ std::optional<std::vector<Listing>> python_listings(
     args += (args.empty() ? "'" : " :: '") + root + "' " + options;
   }
   const auto lines =
-      lines_of(lamp::test::run_python_oracle("image_folder_oracle.py", args));
+      lines_of(lamp::test::run_python_oracle("data/image_folder_oracle.py", args));
   if (lines == std::vector<std::string>{"no torchvision"}) {
     return std::nullopt;
   }

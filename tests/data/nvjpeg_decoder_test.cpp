@@ -71,7 +71,7 @@ const std::vector<JpegFile>& oracle_files() {
         0);
     std::vector<JpegFile> out;
     for (const auto& f : lamp::test::split_lines(
-             lamp::test::run_python_oracle("nvjpeg_oracle.py", dir))) {
+             lamp::test::run_python_oracle("data/nvjpeg_oracle.py", dir))) {
       JpegFile file{f.at(0), std::stoll(f.at(1)), std::stoll(f.at(2)), {}};
       file.bytes = read_bytes(f.at(3));
       EXPECT_FALSE(file.bytes.empty()) << f.at(3);

@@ -32,7 +32,7 @@ TEST(Transforms, CropBoxesAndFlipsAreTorchvisions) {
   }
   for (int seed : {0, 3, 1234}) {
     const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-        "image_oracle.py", "crops " + std::to_string(seed)));
+        "data/image_oracle.py", "crops " + std::to_string(seed)));
     ASSERT_EQ(lines.size(), 40u);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     for (size_t k = 0; k < lines.size(); ++k) {
@@ -88,9 +88,9 @@ TEST(Transforms, ResizedPixelsMatchTorchvision) {
   }
   const std::string dir =
       testing::TempDir() + "lamp_transforms_" + std::to_string(getpid());
-  lamp::test::run_python_oracle("image_oracle.py", "images " + dir);
+  lamp::test::run_python_oracle("data/image_oracle.py", "images " + dir);
   lamp::test::run_python_oracle(
-      "image_oracle.py",
+      "data/image_oracle.py",
       "resize " + dir + "/q90_420.jpg " + dir + "/resized.pt");
   const auto bytes = lamp::data::read_file(dir + "/resized.pt");
   const auto want =

@@ -144,7 +144,7 @@ TEST(BucketAssignment, MatchesPyTorchOnRandomParameterLists) {
   }
   file.close();
   const auto lines = lamp::test::split_lines(
-      lamp::test::run_python_oracle("ddp_bucketing_oracle.py", path));
+      lamp::test::run_python_oracle("ddp/ddp_bucketing_oracle.py", path));
   unlink(path);
   ASSERT_EQ(lines.size(), cases.size());
   auto parse = [](const std::string& text, char sep) {

@@ -59,7 +59,7 @@ void expect_matches_torchvision(bool fused_bn) {
     GTEST_SKIP() << "the Python oracle has no torchvision (pip install "
                     "torchvision==0.26.0)";
   }
-  lamp::test::run_python_oracle("resnet50_oracle.py", "\"" + path + "\"");
+  lamp::test::run_python_oracle("nn/resnet50_oracle.py", "\"" + path + "\"");
   std::ifstream file(path, std::ios::binary);
   std::vector<char> bytes(
       (std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());

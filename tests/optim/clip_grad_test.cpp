@@ -273,7 +273,7 @@ void expect_cases_match_python(const std::vector<std::string>& cases) {
     args += " " + c;
   }
   const auto python =
-      parse_python(lamp::test::run_python_oracle("clip_grad_oracle.py", args));
+      parse_python(lamp::test::run_python_oracle("optim/clip_grad_oracle.py", args));
   ASSERT_EQ(python.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i]);
@@ -424,7 +424,7 @@ TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
   }
 
   const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-      "clip_grad_oracle.py", "amp " + std::to_string(kSteps)));
+      "optim/clip_grad_oracle.py", "amp " + std::to_string(kSteps)));
   size_t step = 0, param = 0, clipped = 0, skipped = 0;
   for (const auto& f : lines) {
     if (f[0] == "step") {
@@ -471,7 +471,7 @@ TEST(ClipGrad, ValueWithoutGradientsIsANoOpWherePythonThrows) {
   if (lamp::test::have_python_oracle()) {
     // The departure is deliberate: Python's grouping rejects an empty list.
     const auto python = parse_python(lamp::test::run_python_oracle(
-        "clip_grad_oracle.py", "cases value:2:none:0.1:allnograd:0"));
+        "optim/clip_grad_oracle.py", "cases value:2:none:0.1:allnograd:0"));
     ASSERT_EQ(python.size(), 1u);
     EXPECT_NE(
         python[0].error.find("nested_tensorlist[0].empty()"), std::string::npos)

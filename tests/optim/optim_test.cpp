@@ -155,7 +155,7 @@ TEST(Optim, FusedOptimizersMatchPythonsFusedBitwise) {
   EXPECT_EQ(
       ours,
       lamp::test::run_python_oracle(
-          "optim_oracle.py", std::to_string(kSteps) + names));
+          "optim/optim_oracle.py", std::to_string(kSteps) + names));
 }
 
 // LibTorch's optimizers do the same math in another order of operations:

@@ -457,7 +457,7 @@ inline const Oracle& oracle() {
   static const Oracle result = [] {
     Oracle o;
     const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
-        "lr_scheduler_oracle.py", oracle_args("run")));
+        "optim/lr_scheduler/lr_scheduler_oracle.py", oracle_args("run")));
     o.trajectories = parse_values(lines, "traj");
     for (const auto& line : lines) {
       if (line[0] == "state") {

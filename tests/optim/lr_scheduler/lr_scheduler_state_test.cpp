@@ -104,7 +104,7 @@ TEST(LRSchedulerInterop, PythonContinuesFromCppState) {
   }
   const auto continued = parse_values(
       lamp::test::split_lines(lamp::test::run_python_oracle(
-          "lr_scheduler_oracle.py", oracle_args("resume"))),
+          "optim/lr_scheduler/lr_scheduler_oracle.py", oracle_args("resume"))),
       "cont");
   for (const auto& name : kScenarios) {
     SCOPED_TRACE(name);
