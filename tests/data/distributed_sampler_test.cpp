@@ -72,8 +72,8 @@ TEST(DistributedSampler, MatchesPython) {
   for (const auto& c : cases) {
     args += " " + c.spec();
   }
-  const auto lines = lamp::test::split_lines(
-      lamp::test::run_python_oracle("data/distributed_sampler_oracle.py", args));
+  const auto lines = lamp::test::split_lines(lamp::test::run_python_oracle(
+      "data/distributed_sampler_oracle.py", args));
   ASSERT_EQ(lines.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];

@@ -142,8 +142,8 @@ std::optional<std::vector<Listing>> python_listings(
   for (const auto& [root, options] : cases) {
     args += (args.empty() ? "'" : " :: '") + root + "' " + options;
   }
-  const auto lines =
-      lines_of(lamp::test::run_python_oracle("data/image_folder_oracle.py", args));
+  const auto lines = lines_of(
+      lamp::test::run_python_oracle("data/image_folder_oracle.py", args));
   if (lines == std::vector<std::string>{"no torchvision"}) {
     return std::nullopt;
   }

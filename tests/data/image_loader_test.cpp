@@ -117,7 +117,8 @@ class ImageLoaderTest : public testing::Test {
 TEST_F(ImageLoaderTest, EvalBatchesEqualTorchvisionsPipeline) {
   const auto root = make_folder("data", 3, 5, 48, 0);
   lamp::test::run_python_oracle(
-      "data/image_oracle.py", "pipeline " + root + " " + dir_ + "/want.pt 40 32");
+      "data/image_oracle.py",
+      "pipeline " + root + " " + dir_ + "/want.pt 40 32");
   const auto bytes = lamp::data::read_file(dir_ + "/want.pt");
   const auto want =
       torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()))

@@ -443,17 +443,17 @@ TEST_F(GraphedStepGpu, GroupWithoutGradientsInTheWarmUpIsRefusedAtCapture) {
   }
 }
 
-// NOTE: disabled, an open defect: on an H200 (2026-11-30) this graph was
-// captured empty ("The CUDA Graph is empty" from capture_end) and the
-// replays changed nothing; the cause is not found yet.
-TEST_F(GraphedStepGpu, DISABLED_LearningRateOfALateGroupReachesTheGraph) {
+// A param group whose parameters get gradients only from a later warm-up
+// step on: on an H200 the graph captured after that replayed differently
+// from the same steps run eagerly, for that group and the other (the
+// weights of both differed; cause not found), so the capture is refused
+// with what to do. The warm-up steps themselves stay eager and equal.
+TEST_F(GraphedStepGpu, LateGradientsAreRefusedAtCapture) {
   struct TwoGroups {
     TwoGroups() {
       torch::manual_seed(3);
       a->to(torch::kCUDA);
       b->to(torch::kCUDA);
-      // NOTE: plain SGD: no optimizer state, which would be created in the
-      // capture too.
       optimizer = std::make_unique<lamp::optim::FusedSGD>(
           std::vector<torch::optim::OptimizerParamGroup>{
               torch::optim::OptimizerParamGroup(a->parameters()),
@@ -468,20 +468,16 @@ TEST_F(GraphedStepGpu, DISABLED_LearningRateOfALateGroupReachesTheGraph) {
       optimizer->step();
       return loss.detach();
     }
-    void set_lr_b(int64_t i) {
-      optimizer->param_groups()[1].options().set_lr(0.1 * (1.0 - i / 10.0));
-    }
     torch::nn::Linear a{8, 8}, b{8, 4};
     std::unique_ptr<lamp::optim::FusedSGD> optimizer;
   };
   torch::manual_seed(5);
   std::vector<std::vector<torch::Tensor>> data;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < 5; ++i) {
     data.push_back({torch::randn({16, 8}, torch::kCUDA)});
   }
   TwoGroups eager;
-  for (int64_t i = 0; i < 10; ++i) {
-    eager.set_lr_b(i);
+  for (int64_t i = 0; i < 4; ++i) {
     eager.step(data[i], i >= 3);
   }
   TwoGroups graphed;
@@ -493,15 +489,18 @@ TEST_F(GraphedStepGpu, DISABLED_LearningRateOfALateGroupReachesTheGraph) {
       data[0],
       {graphed.optimizer.get()},
       lamp::GraphedStepOptions().warmup_steps(4));
-  for (int64_t i = 0; i < 10; ++i) {
-    graphed.set_lr_b(i);
+  for (int64_t i = 0; i < 4; ++i) {
     use_b = i >= 3; // b gets gradients from the last warm-up step on
     step(data[i]);
   }
-  EXPECT_TRUE(step.is_captured());
-  EXPECT_TRUE(torch::allclose(graphed.b->weight, eager.b->weight, 1e-5, 1e-6))
-      << "b's learning rate did not reach the graph";
+  torch::cuda::synchronize();
   EXPECT_TRUE(torch::allclose(graphed.a->weight, eager.a->weight, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(graphed.b->weight, eager.b->weight, 1e-5, 1e-6));
+  expect_error(
+      [&] { step(data[4]); },
+      "param group 1 of optimizer #0 (shape [4, 8]) got a gradient in "
+      "warm-up step 4 of 4 after a warm-up step without one");
+  EXPECT_FALSE(step.is_captured());
 }
 
 #endif // LAMP_WITH_CUDA

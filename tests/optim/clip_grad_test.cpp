@@ -272,8 +272,8 @@ void expect_cases_match_python(const std::vector<std::string>& cases) {
   for (const auto& c : cases) {
     args += " " + c;
   }
-  const auto python =
-      parse_python(lamp::test::run_python_oracle("optim/clip_grad_oracle.py", args));
+  const auto python = parse_python(
+      lamp::test::run_python_oracle("optim/clip_grad_oracle.py", args));
   ASSERT_EQ(python.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i]);
