@@ -382,39 +382,34 @@ TEST_F(GraphedStepGpu, TorchOptimUnderTheScalerCannotBeCaptured) {
   EXPECT_EQ(torch::randn({2}, torch::kCUDA).numel(), 2);
 }
 
-// A param group whose parameters get no gradient during the warm-up gets
-// its device learning rate before the capture, not in it: a schedule
-// changing that group's lr after the capture still reaches the graph.
+// Two param groups, a then b, under plain SGD (no optimizer state, which
+// would be created in the capture too); b is used only when asked.
+struct TwoGroups {
+  TwoGroups() {
+    torch::manual_seed(3);
+    a->to(torch::kCUDA);
+    b->to(torch::kCUDA);
+    optimizer = std::make_unique<lamp::optim::FusedSGD>(
+        std::vector<torch::optim::OptimizerParamGroup>{
+            torch::optim::OptimizerParamGroup(a->parameters()),
+            torch::optim::OptimizerParamGroup(b->parameters())},
+        torch::optim::SGDOptions(0.1));
+  }
+  torch::Tensor step(const std::vector<torch::Tensor>& in, bool use_b) {
+    optimizer->zero_grad();
+    auto h = torch::relu(a->forward(in[0]));
+    auto loss = (use_b ? b->forward(h) : h).pow(2).mean();
+    loss.backward();
+    optimizer->step();
+    return loss.detach();
+  }
+  torch::nn::Linear a{8, 8}, b{8, 4};
+  std::unique_ptr<lamp::optim::FusedSGD> optimizer;
+};
+
 // A param group that gets its first gradients in the captured step: its
 // state would be made by the graph, so the capture is refused.
 TEST_F(GraphedStepGpu, GroupWithoutGradientsInTheWarmUpIsRefusedAtCapture) {
-  struct TwoGroups {
-    TwoGroups() {
-      torch::manual_seed(3);
-      a->to(torch::kCUDA);
-      b->to(torch::kCUDA);
-      // NOTE: plain SGD: no optimizer state, which would be created in the
-      // capture too.
-      optimizer = std::make_unique<lamp::optim::FusedSGD>(
-          std::vector<torch::optim::OptimizerParamGroup>{
-              torch::optim::OptimizerParamGroup(a->parameters()),
-              torch::optim::OptimizerParamGroup(b->parameters())},
-          torch::optim::SGDOptions(0.1));
-    }
-    torch::Tensor step(const std::vector<torch::Tensor>& in, bool use_b) {
-      optimizer->zero_grad();
-      auto h = torch::relu(a->forward(in[0]));
-      auto loss = (use_b ? b->forward(h) : h).pow(2).mean();
-      loss.backward();
-      optimizer->step();
-      return loss.detach();
-    }
-    void set_lr_b(int64_t i) {
-      optimizer->param_groups()[1].options().set_lr(0.1 * (1.0 - i / 10.0));
-    }
-    torch::nn::Linear a{8, 8}, b{8, 4};
-    std::unique_ptr<lamp::optim::FusedSGD> optimizer;
-  };
   torch::manual_seed(5);
   std::vector<std::vector<torch::Tensor>> data;
   for (int i = 0; i < 10; ++i) {
@@ -449,28 +444,6 @@ TEST_F(GraphedStepGpu, GroupWithoutGradientsInTheWarmUpIsRefusedAtCapture) {
 // weights of both differed; cause not found), so the capture is refused
 // with what to do. The warm-up steps themselves stay eager and equal.
 TEST_F(GraphedStepGpu, LateGradientsAreRefusedAtCapture) {
-  struct TwoGroups {
-    TwoGroups() {
-      torch::manual_seed(3);
-      a->to(torch::kCUDA);
-      b->to(torch::kCUDA);
-      optimizer = std::make_unique<lamp::optim::FusedSGD>(
-          std::vector<torch::optim::OptimizerParamGroup>{
-              torch::optim::OptimizerParamGroup(a->parameters()),
-              torch::optim::OptimizerParamGroup(b->parameters())},
-          torch::optim::SGDOptions(0.1));
-    }
-    torch::Tensor step(const std::vector<torch::Tensor>& in, bool use_b) {
-      optimizer->zero_grad();
-      auto h = torch::relu(a->forward(in[0]));
-      auto loss = (use_b ? b->forward(h) : h).pow(2).mean();
-      loss.backward();
-      optimizer->step();
-      return loss.detach();
-    }
-    torch::nn::Linear a{8, 8}, b{8, 4};
-    std::unique_ptr<lamp::optim::FusedSGD> optimizer;
-  };
   torch::manual_seed(5);
   std::vector<std::vector<torch::Tensor>> data;
   for (int i = 0; i < 5; ++i) {
