@@ -29,6 +29,7 @@ struct DataOptions {
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
   std::string decode = "auto"; // cpu, gpu or auto
   bool skip_bad_images = false;
+  bool prefetch_next_epoch = true;
 };
 
 inline void add_data_flags(CLI::App& app, DataOptions& o) {
@@ -45,6 +46,12 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
       ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "--data: batches prepared ahead")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag(
+         "--prefetch-next-epoch,!--no-prefetch-next-epoch",
+         o.prefetch_next_epoch,
+         "--data: prepare the next epoch's first batches while this one ends "
+         "(and during validation)")
       ->capture_default_str();
   app.add_option(
          "--stage-threads",
@@ -111,6 +118,7 @@ class ImageData {
             .channels_last(channels_last)
             .num_threads(o.workers)
             .prefetch(o.prefetch)
+            .prefetch_next_epoch(o.prefetch_next_epoch)
             .stage_threads(o.stage_threads)
             .decode_nice(o.decode_nice)
             .decode(
@@ -129,9 +137,14 @@ class ImageData {
         train_set_,
         lamp::data::ImageLoaderOptions(base).drop_last(true).replace_bad_images(
             full_batches));
+    // Validation starts again at epoch 0 each time: nothing to prepare
+    // ahead of it.
     val_.emplace(
         val_set_,
-        lamp::data::ImageLoaderOptions(base).train(false).shuffle(false));
+        lamp::data::ImageLoaderOptions(base)
+            .train(false)
+            .shuffle(false)
+            .prefetch_next_epoch(false));
     TORCH_CHECK(
         train_->batches_per_epoch() > 0,
         "--data: ",

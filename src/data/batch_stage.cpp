@@ -73,7 +73,7 @@ std::vector<int64_t> output_rows(
 } // namespace
 
 // What one stage thread uses alone. See Note [ImageLoader threads and
-// streams] in image_loader.cpp.
+// streams] in loader_pipeline.h.
 struct Lane {
   torch::Tensor scratch; // CPU decode buffer (files nvJPEG turns down)
 #if LAMP_WITH_CUDA

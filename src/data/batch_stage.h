@@ -6,7 +6,7 @@
 // one kernel that transforms, normalises and lays out the whole batch. Also
 // what the decode threads ask of it (which rows the GPU takes, a row's
 // header for the GPU). See Note [ImageLoader threads and streams] in
-// image_loader.cpp.
+// loader_pipeline.h.
 
 #include <c10/core/Event.h>
 #include <lamp/data/image_loader.h>

@@ -26,6 +26,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "data/image_loader_fixture.h"
 #include "support.h"
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -39,80 +40,7 @@ using lamp::data::ImageFolder;
 using lamp::data::ImageLoader;
 using lamp::data::ImageLoaderOptions;
 
-class ImageLoaderTest : public testing::Test {
- protected:
-  void SetUp() override {
-    LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
-    if (!lamp::test::python_can_import("torchvision")) {
-      GTEST_SKIP() << "the oracle python has no torchvision";
-    }
-    dir_ = testing::TempDir() + "lamp_loader_" + std::to_string(getpid()) +
-        "_" + testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::system(("rm -rf '" + dir_ + "'").c_str());
-  }
-  void TearDown() override {
-    if (!dir_.empty()) {
-      std::system(("rm -rf '" + dir_ + "'").c_str());
-    }
-  }
-  // classes x per_class images of about size x size under dir_/name.
-  std::string make_folder(
-      const std::string& name,
-      int classes,
-      int per_class,
-      int size,
-      int seed) {
-    const std::string root = dir_ + "/" + name;
-    lamp::test::run_python_oracle(
-        "data/image_oracle.py",
-        "folder " + root + " " + std::to_string(classes) + " " +
-            std::to_string(per_class) + " " + std::to_string(size) + " " +
-            std::to_string(seed));
-    return root;
-  }
-  // A folder of 2 x 10 images (3 PNGs among them) in which four files
-  // cannot be decoded, each in another way; returns their paths.
-  std::vector<std::string> make_bad_folder(const std::string& root) {
-    make_folder(root.substr(dir_.size() + 1), 2, 10, 40, 12);
-    const auto good = lamp::data::read_file(root + "/class_00/img_0001.jpg");
-    const std::vector<std::string> bad = {
-        root + "/class_00/img_0003.jpg", // a bogus Huffman table
-        root + "/class_00/img_0007.jpg", // half a file
-        root + "/class_01/img_0004.jpg", // text
-        root + "/class_01/img_0008.jpg"}; // empty
-    lamp::test::write_bytes(bad[0], lamp::test::with_bogus_huffman_table(good));
-    lamp::test::write_bytes(
-        bad[1], {good.begin(), good.begin() + good.size() / 2});
-    lamp::test::write_bytes(bad[2], {'h', 'e', 'l', 'l', 'o'});
-    lamp::test::write_bytes(bad[3], {});
-    return bad;
-  }
-  // Every image of an epoch, and the files the loader skipped in it.
-  static int64_t images_of(ImageLoader& loader, int64_t epoch) {
-    int64_t images = 0;
-    for (const auto& b : epoch_of(loader, epoch)) {
-      EXPECT_EQ(b.images.size(0), b.targets.size(0));
-      images += b.images.size(0);
-    }
-    return images;
-  }
-  static std::vector<std::string> sorted(std::vector<std::string> v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  }
-  static std::vector<lamp::data::ImageBatch> epoch_of(
-      ImageLoader& loader,
-      int64_t epoch) {
-    loader.set_epoch(epoch);
-    std::vector<lamp::data::ImageBatch> batches;
-    while (auto b = loader.next()) {
-      batches.push_back(std::move(*b));
-    }
-    return batches;
-  }
-
-  std::string dir_;
-};
+class ImageLoaderTest : public image_loader_fixture::ImageLoaderFixture {};
 
 TEST_F(ImageLoaderTest, EvalBatchesEqualTorchvisionsPipeline) {
   const auto root = make_folder("data", 3, 5, 48, 0);

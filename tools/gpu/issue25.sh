@@ -7,7 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe and roi): any of build tests sets loader probe roi e2e, comma-separated.
+# STEPS (default all but probe, roi and epochs): any of build tests sets loader probe roi e2e
+# epochs, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -161,5 +162,23 @@ if want e2e; then
     echo "== $f"
     grep -E "epoch|precision|fp16 |skipped|error|Error" "$f" | tail -6
   done
+fi
+if want epochs; then
+  # The next epoch prepared ahead (--prefetch-next-epoch, the default) or
+  # not, same call: three epochs on each set, each step's time and the mean
+  # and median per epoch (tools/gpu/epoch_steps.py).
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  say "epochs A/B"
+  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+    --metrics "$OUT/ep_synthetic.jsonl" > "$OUT/ep_synthetic.log" 2>&1
+  for set in photo hard; do
+    for ahead in prefetch-next-epoch no-prefetch-next-epoch; do
+      timeout 150 $R $COMMON --data $B/sets/$set --epochs ${EPOCHS:-3} --warmup 5 --workers 16 \
+        --log-every 1 --$ahead --metrics "$OUT/ep_${set}_$ahead.jsonl" > "$OUT/ep_${set}_$ahead.log" 2>&1
+      say "epochs $set $ahead exit $?"
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/ep_*.jsonl
 fi
 say "done"

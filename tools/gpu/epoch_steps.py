@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Per-epoch step times of resnet50_amp --metrics files (--log-every 1).
+
+Usage: epoch_steps.py FILE.jsonl...  For each file: the steps per epoch
+(from its `epoch` records), then per epoch the number of timed steps, the
+mean and median step (ms) and the first three steps' times; a file without
+epochs (synthetic data) is one group.
+"""
+import json
+import statistics
+import sys
+
+
+def main(paths):
+    for path in paths:
+        steps, epoch_ends = [], []
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("kind") == "step":
+                    steps.append(r)
+                elif r.get("kind") == "epoch":
+                    epoch_ends.append(r["step"])
+        if not steps:
+            print(f"{path}: no steps")
+            continue
+        # `step` in step records counts timed steps (after --warmup); epoch
+        # records count all steps. Warm-up = first epoch end - timed steps in it.
+        total = len(steps)
+        warmup = (epoch_ends[-1] - steps[-1]["step"]) if epoch_ends else 0
+        groups = {}
+        for r in steps:
+            s = r["step"] + warmup  # steps done after this one
+            e = sum(1 for end in epoch_ends if s > end)
+            groups.setdefault(e, []).append(r["step_ms"])
+        allms = [r["step_ms"] for r in steps]
+        print(f"{path}: {total} timed steps, mean {statistics.mean(allms):.2f} "
+              f"median {statistics.median(allms):.2f} ms")
+        for e, ms in sorted(groups.items()):
+            print(f"  epoch {e}: {len(ms)} steps, mean {statistics.mean(ms):.2f}, "
+                  f"median {statistics.median(ms):.2f}, first "
+                  + " ".join(f"{m:.1f}" for m in ms[:3])
+                  + f", max {max(ms):.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
