@@ -62,11 +62,7 @@ struct LAMP_API GraphedStepOptions {
 ///   so lr schedules work; betas, eps, weight decay and momentum are baked
 ///   into the graph: a call after changing one of them throws, naming it
 ///   (call `reset()` after the change: the next call captures again).
-///   Step LR schedulers outside the step function;
-/// - with the same parameters getting gradients in every warm-up step: a
-///   parameter that gets its first gradient in the capture, or in a warm-up
-///   step after one without, makes the capture throw (make the GraphedStep
-///   once every parameter gets gradients).
+///   Step LR schedulers outside the step function.
 ///
 /// Works with `GradScaler` (overflow skips the step on the device and the
 /// scale backs off, inside the graph), BatchNorm, channels-last and

@@ -13,10 +13,23 @@
 
 namespace lamp::data {
 
+namespace {
+
+// The options, checked before Impl divides by the batch size.
+ImageLoaderOptions checked(
+    const ImageFolder& dataset,
+    ImageLoaderOptions options) {
+  detail::check_loader_options(dataset, options);
+  return options;
+}
+
+} // namespace
+
 ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
-    : impl_(std::make_unique<Impl>(dataset, std::move(options))) {
+    : impl_(std::make_unique<Impl>(
+          dataset,
+          checked(dataset, std::move(options)))) {
   const auto& o = impl_->options;
-  detail::check_loader_options(dataset, o);
   auto& recipe = impl_->recipe;
   recipe.train = o.train();
   recipe.image_size = o.image_size();

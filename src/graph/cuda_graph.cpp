@@ -73,10 +73,6 @@ struct GraphedStep::Impl {
 #endif
 
   std::vector<double> captured_hyperparameters; // of all optimizers, in order
-  // Warm-up: each optimizer parameter (in order) that had no gradient after
-  // some warm-up step, and what the capture refuses ("" if nothing).
-  std::vector<char> gradless;
-  std::string late_gradient;
   // The process groups whose collectives the graph holds. See Note
   // [Watching collectives] (src/dist/watchdog.h).
   std::vector<std::weak_ptr<dist::detail::Backend>> collectives;
@@ -110,43 +106,6 @@ struct GraphedStep::Impl {
   void sync_learning_rates() {
     for (auto* optimizer : optimizers) {
       static_cast<optim::FusedOptimizer*>(optimizer)->sync_device_lr();
-    }
-  }
-
-  // After warm-up step `step` (1-based): a parameter that gets a gradient
-  // after a warm-up step without one. NOTE: on an H200 a step captured
-  // after such a change (a param group whose parameters get gradients only
-  // from the last warm-up step on, its learning rate scheduled) replayed
-  // differently from the same steps run eagerly, for that group and the
-  // others (GraphedStepGpu.LateGradientsAreRefusedAtCapture; cause not
-  // found), so the capture is refused rather than training wrong.
-  void note_gradients(int64_t step) {
-    size_t k = 0;
-    for (size_t i = 0; i < optimizers.size(); ++i) {
-      const auto& groups = optimizers[i]->param_groups();
-      for (size_t g = 0; g < groups.size(); ++g) {
-        for (const auto& param : groups[g].params()) {
-          if (k == gradless.size()) {
-            gradless.push_back(0);
-          }
-          if (!param.grad().defined()) {
-            gradless[k] = 1;
-          } else if (gradless[k] && late_gradient.empty()) {
-            late_gradient = "lamp::GraphedStep: a parameter of param group " +
-                std::to_string(g) + " of optimizer #" + std::to_string(i) +
-                " (shape " + c10::str(param.sizes()) +
-                ") got a gradient in warm-up step " + std::to_string(step) +
-                " of " + std::to_string(options.warmup_steps()) +
-                " after a warm-up step without one. A step captured after "
-                "such a change replays differently from the same steps run "
-                "eagerly (a known defect), so it is not captured. Make the "
-                "GraphedStep once every parameter gets a gradient in every "
-                "step, or leave the parameters that get gradients only later "
-                "out of the optimizer.";
-          }
-          ++k;
-        }
-      }
     }
   }
 
@@ -431,13 +390,10 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
 #if LAMP_WITH_CUDA
   if (impl.calls < impl.options.warmup_steps()) {
     ++impl.calls;
-    auto out = impl.warm_up();
-    impl.note_gradients(impl.calls);
-    return out;
+    return impl.warm_up();
   }
   impl.sync_learning_rates();
   if (!impl.graph) {
-    TORCH_CHECK(impl.late_gradient.empty(), impl.late_gradient);
     impl.record_hyperparameters();
     impl.capture();
   } else {
