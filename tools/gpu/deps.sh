@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Makes .deps/ (git-ignored) for a GPU host without network: Debian's
-# libjpeg-turbo, libpng, GoogleTest and CLI11 unpacked with dpkg -x, and
-# PyPI's nvidia-nvjpeg under .deps/nvjpeg, and Fashion-MNIST (Debian's
-# dataset-fashion-mnist, for examples/mlp_amp's tests: on the host, copy
-# .deps/usr/share/datasets/fashion-mnist to /usr/share/datasets/). Run on a machine with network,
-# from the repository root; then pass carry [".deps"] with each device call
-# (tools/gpu/issue25.sh uses it).
+# libjpeg-turbo, libpng, GoogleTest, CLI11 and Fashion-MNIST (for
+# examples/mlp_amp's tests: on the host, copy
+# .deps/usr/share/datasets/fashion-mnist to /usr/share/datasets/) unpacked
+# with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg. Run on a
+# machine with network, from the repository root; then pass carry [".deps"]
+# with each device call (tools/gpu/issue25.sh uses it).
 set -euo pipefail
 D=$PWD/.deps
 mkdir -p "$D/debs"
