@@ -22,6 +22,7 @@ struct RunOptions {
   int64_t warmup_steps = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0; // 0: only at the end
+  bool async_checkpoint = false;
   bool resume = false;
   int64_t stop_after = 0; // 0: run to the end
 };
@@ -59,6 +60,11 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
          "steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag(
+      "--async-checkpoint",
+      o.async_checkpoint,
+      "write checkpoints in a background thread: training pauses only while "
+      "the state is copied to host memory");
   app.add_flag(
       "--resume",
       o.resume,
@@ -140,7 +146,9 @@ class RunCheckpoints {
     if (!o.checkpoint_dir.empty()) {
       manager_.emplace(
           o.checkpoint_dir,
-          lamp::CheckpointManagerOptions().process_group(std::move(pg)));
+          lamp::CheckpointManagerOptions()
+              .process_group(std::move(pg))
+              .async_save(o.async_checkpoint));
     }
   }
 
@@ -169,7 +177,9 @@ class RunCheckpoints {
   }
 
   /// After step `step` of `total` (1-based), `done` of them by this
-  /// process: saves when due. Returns false when --stop-after says stop.
+  /// process: saves when due. Returns false when --stop-after says stop;
+  /// then, and after the last step, the checkpoint is on disk (a background
+  /// save's error is thrown here).
   bool after_step(
       lamp::TrainingState& state,
       int64_t step,
@@ -181,7 +191,11 @@ class RunCheckpoints {
          step == total)) {
       manager_->save(state, step);
     }
-    return options_.stop_after == 0 || done < options_.stop_after;
+    const bool go_on = options_.stop_after == 0 || done < options_.stop_after;
+    if (manager_ && (!go_on || step == total)) {
+      manager_->wait();
+    }
+    return go_on;
   }
 
  private:

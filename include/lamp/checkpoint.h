@@ -179,6 +179,16 @@ struct LAMP_API CheckpointManagerOptions {
   TORCH_ARG(std::string, prefix) = "checkpoint";
   /// The job's ranks (see `save_checkpoint`). Default: none (one process).
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, process_group) = nullptr;
+  /// Save without stopping training (as Python's
+  /// `torch.distributed.checkpoint.async_save`): `save()` copies the state
+  /// to host memory and returns; a background thread writes the file
+  /// (atomically, as ever) and deletes the old ones. At most one save is in
+  /// flight: `save()` first waits for the previous one. A background save's
+  /// error is thrown by the next `save()`, `wait()` or `load_latest()`; the
+  /// destructor waits for it and warns. With a process group every rank
+  /// takes part in the copy and rank 0 alone writes; the other ranks do not
+  /// wait for the file. Default: false.
+  TORCH_ARG(bool, async_save) = false;
 };
 
 /// A folder of numbered checkpoints: `save(state, step)` writes
@@ -202,10 +212,18 @@ class LAMP_API CheckpointManager {
   explicit CheckpointManager(
       std::string dir,
       CheckpointManagerOptions options = {});
+  /// Waits for a save in flight (async_save); warns if it failed.
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   /// Writes the checkpoint of `step` and deletes the oldest beyond
-  /// `keep_last`; returns its path.
+  /// `keep_last`; returns its path. With async_save it returns once the
+  /// state is copied, before the file is written.
   std::string save(const TrainingState& state, int64_t step);
+  /// Waits until the save in flight (async_save) has written its file;
+  /// throws its error, if any. Returns at once when none is in flight.
+  void wait();
   /// Restores the newest checkpoint; returns its step, or nullopt (and
   /// changes nothing) when the folder holds none.
   std::optional<int64_t> load_latest(TrainingState& state);
@@ -218,8 +236,10 @@ class LAMP_API CheckpointManager {
   }
 
  private:
+  struct Pending;
   std::string dir_;
   CheckpointManagerOptions options_;
+  std::unique_ptr<Pending> pending_; // the background save, if any
 };
 
 } // namespace lamp

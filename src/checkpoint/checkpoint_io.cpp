@@ -1,4 +1,4 @@
-// save_checkpoint, load_checkpoint and CheckpointManager: files and ranks.
+// save_checkpoint and load_checkpoint: files and ranks.
 
 #include <lamp/checkpoint.h>
 
@@ -6,6 +6,7 @@
 
 #include "archive.h"
 #include "files.h"
+#include "save.h"
 #include "state_dict.h"
 
 #include <c10/util/Exception.h>
@@ -18,7 +19,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <regex>
+#include <functional>
+#include <vector>
 
 namespace lamp {
 namespace {
@@ -39,7 +41,9 @@ std::string errno_text() {
 // target is the old complete file or the new complete one, never a mix. A
 // killed save leaves its temporary file behind; it matches no checkpoint
 // name, and CheckpointManager::save removes it.
-void write_atomically(const std::string& path, const Dict& dict) {
+} // namespace
+
+void detail::write_atomically(const std::string& path, const Dict& dict) {
   const auto folder = detail::parent_of(path);
   const auto tmp = folder + "/." + detail::file_name_of(path) + ".tmp." +
       std::to_string(::getpid());
@@ -78,9 +82,13 @@ void write_atomically(const std::string& path, const Dict& dict) {
   }
 }
 
-bool several(const std::shared_ptr<dist::ProcessGroup>& pg) {
+bool detail::several(const std::shared_ptr<dist::ProcessGroup>& pg) {
   return pg && pg->world_size() > 1;
 }
+
+namespace {
+
+using detail::several;
 
 // IValues through the store (host bytes), in LibTorch's own pickle format.
 std::string to_bytes(const c10::IValue& value) {
@@ -91,9 +99,9 @@ c10::IValue from_bytes(const std::string& bytes) {
   return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
 }
 
-// Every rank posts `status` ("" = fine); throws on every rank the first
-// failure, so that no rank carries on alone or waits for a dead one.
-void agree(
+} // namespace
+
+void detail::agree_on(
     const std::shared_ptr<dist::ProcessGroup>& pg,
     const std::string& status) {
   const auto all = pg->allgather(status);
@@ -101,6 +109,8 @@ void agree(
     TORCH_CHECK(all[r].empty(), "rank ", r, ": ", all[r]);
   }
 }
+
+namespace {
 
 Dict metadata(int64_t step, int64_t world_size) {
   Dict meta(c10::StringType::get(), c10::AnyType::get());
@@ -110,30 +120,70 @@ Dict metadata(int64_t step, int64_t world_size) {
   return meta;
 }
 
-std::string message(const std::exception& e) {
+} // namespace
+
+std::string detail::message_of(const std::exception& e) {
   if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
     return error->what_without_backtrace();
   }
   return e.what();
 }
 
-} // namespace
+c10::impl::GenericDict detail::detach_from_live_tensors(const Dict& dict) {
+  // NOTE: a tensor that state_dict() copied from a device has its storage
+  // to itself; one that something else also holds is a live tensor (a CPU
+  // parameter, buffer or optimizer state) that the next step changes.
+  std::function<c10::IValue(const c10::IValue&)> copy =
+      [&](const c10::IValue& v) -> c10::IValue {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      const bool shared = t.defined() &&
+          (t.use_count() > 1 ||
+           (t.has_storage() && t.storage().use_count() > 1));
+      return shared ? c10::IValue(t.clone()) : v;
+    }
+    if (v.isList()) {
+      c10::impl::GenericList list(v.toList().elementType());
+      for (const auto& item : v.toListRef()) {
+        list.push_back(copy(item));
+      }
+      return list;
+    }
+    if (v.isGenericDict()) {
+      const auto d = v.toGenericDict();
+      Dict out(d.keyType(), d.valueType());
+      for (const auto& entry : d) {
+        out.insert(entry.key(), copy(entry.value()));
+      }
+      return out;
+    }
+    if (v.isTuple()) {
+      std::vector<c10::IValue> items;
+      for (const auto& item : v.toTupleRef().elements()) {
+        items.push_back(copy(item));
+      }
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
+    return v;
+  };
+  return copy(dict).toGenericDict();
+}
 
-void save_checkpoint(
+detail::SaveSnapshot detail::take_snapshot(
     const TrainingState& state,
-    const std::string& path,
     int64_t step,
-    const std::shared_ptr<dist::ProcessGroup>& pg) {
-  const std::string context = "lamp::save_checkpoint: " + path + ": ";
+    const std::shared_ptr<dist::ProcessGroup>& pg,
+    const std::string& context) {
+  SaveSnapshot out;
   if (!several(pg)) {
     try {
       auto dict = state.state_dict();
       dict.insert("lamp", metadata(step, 1));
-      write_atomically(path, dict);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, context, e.what_without_backtrace());
+      out.dict = std::move(dict);
+    } catch (const std::exception& e) {
+      out.error = context + message_of(e);
     }
-    return;
+    return out;
   }
   // Every rank's step and RNG state to every rank (host bytes, store).
   const auto mine = to_bytes(c10::ivalue::Tuple::create(
@@ -154,7 +204,6 @@ void save_checkpoint(
         "; call save on every rank at the same step");
     rngs.push_back(entry->elements()[1]);
   }
-  std::string status;
   if (pg->rank() == 0) {
     try {
       auto dict = state.state_dict();
@@ -162,12 +211,34 @@ void save_checkpoint(
         dict.insert_or_assign("rng", rngs);
       }
       dict.insert("lamp", metadata(step, pg->world_size()));
-      write_atomically(path, dict);
+      out.dict = std::move(dict);
     } catch (const std::exception& e) {
-      status = context + message(e);
+      out.error = context + message_of(e);
     }
   }
-  agree(pg, status); // NOTE: also the barrier: rank 0 has written
+  return out;
+}
+
+void save_checkpoint(
+    const TrainingState& state,
+    const std::string& path,
+    int64_t step,
+    const std::shared_ptr<dist::ProcessGroup>& pg) {
+  const std::string context = "lamp::save_checkpoint: " + path + ": ";
+  auto snapshot = detail::take_snapshot(state, step, pg, context);
+  std::string status = snapshot.error;
+  if (snapshot.dict && status.empty()) {
+    try {
+      detail::write_atomically(path, *snapshot.dict);
+    } catch (const std::exception& e) {
+      status = context + detail::message_of(e);
+    }
+  }
+  if (!several(pg)) {
+    TORCH_CHECK(status.empty(), status);
+    return;
+  }
+  detail::agree_on(pg, status); // NOTE: also the barrier: rank 0 has written
 }
 
 int64_t load_checkpoint(
@@ -209,7 +280,7 @@ int64_t load_checkpoint(
     }
     state.load_state_dict(dict, pg ? pg->rank() : 0);
   } catch (const std::exception& e) {
-    status = message(e);
+    status = detail::message_of(e);
     // NOTE: messages from the file reader already name the file.
     if (status.rfind(path, 0) != 0) {
       status = context + status;
@@ -221,7 +292,7 @@ int64_t load_checkpoint(
     }
   }
   if (several(pg)) {
-    agree(pg, status);
+    detail::agree_on(pg, status);
     const auto steps = pg->allgather(std::to_string(step));
     for (size_t r = 0; r < steps.size(); ++r) {
       TORCH_CHECK(
@@ -237,112 +308,6 @@ int64_t load_checkpoint(
     }
   }
   return step;
-}
-
-CheckpointManager::CheckpointManager(
-    std::string dir,
-    CheckpointManagerOptions options)
-    : dir_(std::move(dir)), options_(std::move(options)) {
-  TORCH_CHECK_VALUE(
-      options_.keep_last() >= 0,
-      "lamp::CheckpointManagerOptions::keep_last must be >= 0 (0 keeps "
-      "all), got ",
-      options_.keep_last());
-  TORCH_CHECK_VALUE(
-      !options_.prefix().empty() &&
-          options_.prefix().find('/') == std::string::npos,
-      "lamp::CheckpointManagerOptions::prefix must be a non-empty file name "
-      "prefix, got '",
-      options_.prefix(),
-      "'");
-  try {
-    detail::make_directories(dir_);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "lamp::CheckpointManager: ", e.what_without_backtrace());
-  }
-}
-
-std::vector<std::pair<int64_t, std::string>> CheckpointManager::list() const {
-  const std::regex name(
-      std::regex_replace(
-          options_.prefix(), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
-      R"(-(\d+)\.pt)");
-  std::vector<std::pair<int64_t, std::string>> out;
-  for (const auto& file : detail::list_directory(dir_)) {
-    std::smatch match;
-    const auto path = dir_ + "/" + file;
-    if (std::regex_match(file, match, name) && detail::is_regular_file(path)) {
-      out.emplace_back(std::stoll(match[1]), path);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::optional<std::string> CheckpointManager::latest() const {
-  const auto all = list();
-  if (all.empty()) {
-    return std::nullopt;
-  }
-  return all.back().second;
-}
-
-std::string CheckpointManager::save(const TrainingState& state, int64_t step) {
-  TORCH_CHECK_VALUE(
-      step >= 0, "lamp::CheckpointManager::save: step must be >= 0");
-  char name[32];
-  std::snprintf(name, sizeof name, "-%09lld.pt", static_cast<long long>(step));
-  const auto path = dir_ + "/" + options_.prefix() + name;
-  const auto& pg = options_.process_group();
-  const bool writer = !pg || pg->rank() == 0;
-  if (writer) {
-    // Temporary files of killed saves (Note [Atomic checkpoint files]).
-    const auto stale = "." + options_.prefix() + "-";
-    for (const auto& file : detail::list_directory(dir_)) {
-      if (file.rfind(stale, 0) == 0 &&
-          file.find(".pt.tmp.") != std::string::npos) {
-        detail::remove_file(dir_ + "/" + file);
-      }
-    }
-  }
-  save_checkpoint(state, path, step, pg);
-  if (writer && options_.keep_last() > 0) {
-    auto all = list();
-    const auto keep = static_cast<size_t>(options_.keep_last());
-    for (size_t i = 0; i + keep < all.size(); ++i) {
-      detail::remove_file(all[i].second);
-    }
-  }
-  return path;
-}
-
-std::optional<int64_t> CheckpointManager::load_latest(TrainingState& state) {
-  const auto path = latest();
-  const auto& pg = options_.process_group();
-  if (several(pg)) {
-    // NOTE: before any rank starts loading: one that found nothing must not
-    // leave the others waiting in load_checkpoint's collectives.
-    const auto name = path ? detail::file_name_of(*path) : "(none)";
-    const auto all = pg->allgather(name);
-    for (size_t r = 0; r < all.size(); ++r) {
-      TORCH_CHECK(
-          all[r] == all[0],
-          "lamp::CheckpointManager::load_latest: ranks see different newest "
-          "checkpoints in ",
-          dir_,
-          ": rank 0 ",
-          all[0],
-          ", rank ",
-          r,
-          " ",
-          all[r],
-          " (every rank must see the same folder)");
-    }
-  }
-  if (!path) {
-    return std::nullopt;
-  }
-  return load_checkpoint(state, *path, pg);
 }
 
 } // namespace lamp

@@ -40,7 +40,7 @@ c10::impl::GenericDict module_state_dict(const torch::nn::Module& module) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [name, tensor] : entries(module)) {
     if (tensor.defined()) {
-      dict.insert(name, tensor.detach().to(at::kCPU));
+      dict.insert(name, host_copy(tensor));
     }
   }
   return dict;

@@ -236,7 +236,7 @@ torch::Tensor assign(
 }
 
 c10::IValue cpu(const torch::Tensor& t) {
-  return t.defined() ? c10::IValue(t.detach().to(at::kCPU)) : c10::IValue();
+  return t.defined() ? c10::IValue(host_copy(t)) : c10::IValue();
 }
 
 // Python's param_groups and state: each group's hyperparameters from

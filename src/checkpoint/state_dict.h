@@ -16,6 +16,16 @@
 
 namespace lamp::detail {
 
+/// A host copy of `t` for a checkpoint: for a device tensor, a copy into
+/// pinned memory enqueued on the current stream and not waited for (many
+/// small blocking copies were the bulk of a save's pause); for a CPU
+/// tensor, `t` itself (detached). TrainingState::state_dict() waits for
+/// the copies (wait_for_host_copies) before it returns.
+at::Tensor host_copy(const at::Tensor& t);
+/// Waits for the copies host_copy() enqueued on this thread's current
+/// streams.
+void wait_for_host_copies();
+
 /// Python's `module.state_dict()`: each module's parameters, then its
 /// buffers, then its children's, by dotted name; CPU tensors.
 c10::impl::GenericDict module_state_dict(const torch::nn::Module& module);

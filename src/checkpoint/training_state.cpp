@@ -1,5 +1,7 @@
 #include <lamp/checkpoint.h>
 
+#include <lamp/config.h>
+
 #include "state_dict.h"
 
 #include <ATen/Context.h>
@@ -8,6 +10,11 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cstdint>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -248,7 +255,7 @@ TrainingState& TrainingState::add(std::string key, torch::Tensor& value) {
   detail::TrainingStateEntry e;
   e.key = std::move(key);
   e.save = [&value] {
-    return value.defined() ? c10::IValue(value.detach().to(at::kCPU))
+    return value.defined() ? c10::IValue(detail::host_copy(value))
                            : c10::IValue();
   };
   e.check = [&value](const c10::IValue& v) {
@@ -312,6 +319,40 @@ bool TrainingState::rng() const {
   return impl_->rng;
 }
 
+namespace {
+
+// The devices whose current streams hold this thread's pending host copies
+// (only those are waited for: touching another GPU would make a context
+// there).
+thread_local uint64_t copying_devices = 0;
+
+} // namespace
+
+at::Tensor detail::host_copy(const at::Tensor& t) {
+  if (!t.is_cuda()) {
+    return t.detach();
+  }
+  // NOTE: non_blocking D2H copies land in pinned memory from LibTorch's
+  // caching host allocator (kept for the next save).
+  copying_devices |= uint64_t{1} << (t.device().index() % 64);
+  return t.detach().to(at::kCPU, /*non_blocking=*/true);
+}
+
+void detail::wait_for_host_copies() {
+  const uint64_t devices = copying_devices;
+  copying_devices = 0;
+#if LAMP_WITH_CUDA
+  for (int d = 0; d < 64; ++d) {
+    if (devices & (uint64_t{1} << d)) {
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(d))
+          .synchronize();
+    }
+  }
+#else
+  (void)devices;
+#endif
+}
+
 c10::impl::GenericDict TrainingState::state_dict() const {
   auto out = new_dict();
   for (const auto& e : impl_->entries) {
@@ -322,6 +363,7 @@ c10::impl::GenericDict TrainingState::state_dict() const {
     ranks.push_back(detail::rng_state());
     out.insert("rng", ranks);
   }
+  detail::wait_for_host_copies();
   return out;
 }
 

@@ -606,10 +606,12 @@ TEST_F(CheckpointGpu, LoadsOntoTheCurrentDeviceWhateverDeviceWroteIt) {
                   .is_cuda());
 }
 
-// SIGKILL while a checkpoint is being written: the previous one stays
-// loadable and the next save removes the dead save's temporary file.
-TEST(Checkpoint, KilledSaveLeavesThePreviousCheckpointLoadable) {
-  const auto dir = fresh_dir("kill");
+// SIGKILL while a checkpoint is being written (by save(), or by the
+// background thread of an async_save manager while the model changes): the
+// previous one stays loadable and the next save removes the dead save's
+// temporary file.
+void expect_killed_save_leaves_the_previous_checkpoint(bool async) {
+  const auto dir = fresh_dir(async ? "kill_async" : "kill");
   const auto log = dir + "/log.txt";
   bool killed_mid_write = false;
   for (int attempt = 0; attempt < 10 && !killed_mid_write; ++attempt) {
@@ -622,6 +624,9 @@ TEST(Checkpoint, KilledSaveLeavesThePreviousCheckpointLoadable) {
     const std::string ckpt = dir + "/ckpt";
     std::vector<std::string> args = {
         LAMP_CHECKPOINT_WORKER, "save-loop", ckpt, "48"};
+    if (async) {
+      args.emplace_back("async");
+    }
     std::vector<char*> argv;
     for (auto& a : args) {
       argv.push_back(a.data());
@@ -680,6 +685,14 @@ TEST(Checkpoint, KilledSaveLeavesThePreviousCheckpointLoadable) {
   for (const auto& name : names_in(ckpt)) {
     EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
   }
+}
+
+TEST(Checkpoint, KilledSaveLeavesThePreviousCheckpointLoadable) {
+  expect_killed_save_leaves_the_previous_checkpoint(/*async=*/false);
+}
+
+TEST(Checkpoint, KilledBackgroundSaveLeavesThePreviousCheckpointLoadable) {
+  expect_killed_save_leaves_the_previous_checkpoint(/*async=*/true);
 }
 
 } // namespace

@@ -10,9 +10,12 @@
 //     checkpoint in DIR with `resume`, saves one at STOP. Prints
 //     "step I LOSS SCALE" per step (hex floats) and, at the end, one
 //     "tensor NAME HASH" per parameter, buffer and optimizer state tensor.
-//   checkpoint_worker save-loop DIR MIB
+//   checkpoint_worker save-loop DIR MIB [async]
 //     Fills a MIB-MiB model with k and saves checkpoint k, for k = 1, 2, ...
-//     forever, printing "saved k" after each.
+//     forever, printing "saved k" once checkpoint k is written. With
+//     `async` the saves are background saves (async_save): the model is
+//     filled with k + 1 while checkpoint k is written, and "saved k" is
+//     printed when save(k + 1), which waits for it, returns.
 
 #include <lamp/lamp.h>
 
@@ -148,13 +151,13 @@ int train(
   return 0;
 }
 
-int save_loop(const std::string& dir, int64_t mib) {
+int save_loop(const std::string& dir, int64_t mib, bool async) {
   torch::nn::Linear model(1024, mib * 256); // 4 KiB a row
   int64_t step = 0;
   lamp::TrainingState state;
   state.add("model", *model).add("step", step);
   lamp::CheckpointManager checkpoints(
-      dir, lamp::CheckpointManagerOptions().keep_last(2));
+      dir, lamp::CheckpointManagerOptions().keep_last(2).async_save(async));
   for (step = 1;; ++step) {
     {
       torch::NoGradGuard no_grad;
@@ -163,7 +166,10 @@ int save_loop(const std::string& dir, int64_t mib) {
       }
     }
     checkpoints.save(state, step);
-    std::printf("saved %" PRId64 "\n", step);
+    if (async && step == 1) {
+      continue;
+    }
+    std::printf("saved %" PRId64 "\n", async ? step - 1 : step);
     std::fflush(stdout);
   }
 }
@@ -181,8 +187,9 @@ int main(int argc, char** argv) {
         std::string(argv[6]) == "resume",
         torch::Device(argc > 7 ? argv[7] : "cpu"));
   }
-  if (mode == "save-loop" && argc == 4) {
-    return save_loop(argv[2], std::stoll(argv[3]));
+  if (mode == "save-loop" && (argc == 4 || argc == 5)) {
+    return save_loop(
+        argv[2], std::stoll(argv[3]), argc == 5 && std::string(argv[4]) == "async");
   }
   std::fprintf(stderr, "usage: see the comment at the top of %s\n", __FILE__);
   return 2;
