@@ -156,20 +156,19 @@ std::string CheckpointManager::save(const TrainingState& state, int64_t step) {
   pending_->path = path;
   // NOTE: the thread owns copies of what it uses (not `this`): the dict, no
   // longer shared with the live state, and the folder's options.
-  pending_->thread = std::thread(
-      [dict = std::move(dict),
-       path,
-       context,
-       dir = dir_,
-       options = options_,
-       error = &pending_->error] {
-        try {
-          detail::write_atomically(path, dict);
-          remove_old(dir, options);
-        } catch (const std::exception& e) {
-          *error = context + detail::message_of(e);
-        }
-      });
+  pending_->thread = std::thread([dict = std::move(dict),
+                                  path,
+                                  context,
+                                  dir = dir_,
+                                  options = options_,
+                                  error = &pending_->error] {
+    try {
+      detail::write_atomically(path, dict);
+      remove_old(dir, options);
+    } catch (const std::exception& e) {
+      *error = context + detail::message_of(e);
+    }
+  });
   return path;
 }
 

@@ -84,13 +84,7 @@ bool ImageLoader::Impl::decode_row(
     return false;
   }
   std::string problem = detail::transform_into(
-      recipe,
-      slot.epoch,
-      index,
-      bytes,
-      sample.path,
-      scratch,
-      data.pixels[row]);
+      recipe, slot.epoch, index, bytes, sample.path, scratch, data.pixels[row]);
   if (problem.empty()) {
     data.state[row] = RowState::kDecoded;
     return true;
@@ -165,9 +159,8 @@ void ImageLoader::Impl::stage_loop(int lane, int64_t first) {
     detail::RingSlot& slot = ring[seq % ring.size()];
     {
       std::unique_lock<std::mutex> lock(mutex);
-      slot_done.wait(lock, [&] {
-        return stop || (slot.seq == seq && slot.pending == 0);
-      });
+      slot_done.wait(
+          lock, [&] { return stop || (slot.seq == seq && slot.pending == 0); });
       if (stop) {
         return;
       }
@@ -177,7 +170,8 @@ void ImageLoader::Impl::stage_loop(int lane, int64_t first) {
       item.error = slot.error;
     } else {
       try {
-        item.staged = stage->run(slot.data, slot.rows, slot.batch, recipe, lane);
+        item.staged =
+            stage->run(slot.data, slot.rows, slot.batch, recipe, lane);
         item.staged.batch.epoch = slot.epoch;
         item.staged.batch.index = slot.batch;
         for (int64_t r : item.staged.bad_rows) {
@@ -218,9 +212,8 @@ void ImageLoader::Impl::stage_loop(int lane, int64_t first) {
 void ImageLoader::Impl::start() {
   // The caller's position is inside an epoch (next() checked).
   next_seq = epoch * num_batches + batch;
-  end_seq = options.prefetch_next_epoch()
-      ? std::numeric_limits<int64_t>::max()
-      : (epoch + 1) * num_batches;
+  end_seq = options.prefetch_next_epoch() ? std::numeric_limits<int64_t>::max()
+                                          : (epoch + 1) * num_batches;
   stop = false;
   ready.clear();
   orders.clear();
@@ -239,9 +232,8 @@ void ImageLoader::Impl::start() {
     threads.emplace_back([this] { decode_loop(); });
   }
   for (int lane = 0; lane < stage->lanes(); ++lane) {
-    threads.emplace_back([this, lane, first = next_seq] {
-      stage_loop(lane, first);
-    });
+    threads.emplace_back(
+        [this, lane, first = next_seq] { stage_loop(lane, first); });
   }
   running = true;
 }

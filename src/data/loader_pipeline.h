@@ -77,9 +77,10 @@ namespace lamp::data {
 // loader restores the caller's value when it joins its threads.
 //
 // `stop` (under the mutex) ends all waits; the destructor and seek() (to
-// any position but the pipeline's own) set it and join the threads. An exception in a decode thread (a bad image
-// without skip_bad_images, an I/O error) travels with its slot to the stage
-// and from there to next(), which rethrows it.
+// any position but the pipeline's own) set it and join the threads. An
+// exception in a decode thread (a bad image without skip_bad_images, an I/O
+// error) travels with its slot to the stage and from there to next(), which
+// rethrows it.
 
 // NOTE: in detail, not the anonymous namespace: ImageLoader::Impl holds
 // them, and a type with linkage should not hold one without (GCC's

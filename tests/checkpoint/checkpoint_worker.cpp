@@ -189,7 +189,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "save-loop" && (argc == 4 || argc == 5)) {
     return save_loop(
-        argv[2], std::stoll(argv[3]), argc == 5 && std::string(argv[4]) == "async");
+        argv[2],
+        std::stoll(argv[3]),
+        argc == 5 && std::string(argv[4]) == "async");
   }
   std::fprintf(stderr, "usage: see the comment at the top of %s\n", __FILE__);
   return 2;

@@ -25,8 +25,7 @@ using lamp::data::ImageFolder;
 using lamp::data::ImageLoader;
 using lamp::data::ImageLoaderOptions;
 
-class ImageLoaderEpochsTest
-    : public image_loader_fixture::ImageLoaderFixture {
+class ImageLoaderEpochsTest : public image_loader_fixture::ImageLoaderFixture {
  protected:
   // The batches from batch `from` of `epoch` to its end, by a loader made
   // for them.
