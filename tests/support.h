@@ -3,6 +3,7 @@
 // Helpers shared by lamp's tests.
 
 #include <c10/util/Exception.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -170,6 +171,32 @@ inline void write_bytes(
     ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
   }
   std::fclose(f);
+}
+
+/// A fresh, empty folder `<temp dir>/lamp_<name>_<pid>`: one per process,
+/// as ctest runs tests in parallel.
+inline std::string fresh_dir(const std::string& name) {
+  const auto dir =
+      testing::TempDir() + "lamp_" + name + "_" + std::to_string(getpid());
+  EXPECT_EQ(
+      std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
+      0);
+  return dir;
+}
+
+/// The names of the entries of `dir` (without "." and "..").
+inline std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const auto* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") {
+        names.push_back(name);
+      }
+    }
+    closedir(d);
+  }
+  return names;
 }
 
 /// The launcher variables lamp::dist reads (torchrun, Slurm, Open MPI,

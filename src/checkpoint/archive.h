@@ -23,6 +23,13 @@ void write_torch_archive(
     const c10::IValue& value,
     const std::function<void(const void*, size_t)>& write);
 
+/// `value` with every list and dict rebuilt as a plain one of Any (what
+/// write_torch_archive writes) and every tensor replaced by `tensor(t)`
+/// (kept when `tensor` is empty).
+c10::IValue plain_copy(
+    const c10::IValue& value,
+    const std::function<c10::IValue(const at::Tensor&)>& tensor);
+
 /// Reads a `torch.save` archive (Python's, or `write_torch_archive`'s) from
 /// `path`. Understands the subset of pickle that Python's weights-only
 /// loader accepts for state dicts: dicts (also `collections.OrderedDict`,

@@ -10,16 +10,20 @@
 #include <vector>
 
 namespace lamp::detail {
-namespace {
 
-// Plain lists and dicts of Any: LibTorch's pickler writes typed containers
-// (List[float], List[Tensor], Dict[str, Tensor], ...) through
+// NOTE: plain lists and dicts of Any: LibTorch's pickler writes typed
+// containers (List[float], List[Tensor], Dict[str, Tensor], ...) through
 // `torch.jit._pickle` helpers, which Python's weights-only loader refuses.
-c10::IValue plain(const c10::IValue& value) {
+c10::IValue plain_copy(
+    const c10::IValue& value,
+    const std::function<c10::IValue(const at::Tensor&)>& tensor) {
+  if (value.isTensor()) {
+    return tensor ? tensor(value.toTensor()) : value;
+  }
   if (value.isList()) {
     c10::impl::GenericList list(c10::AnyType::get());
     for (const auto& item : value.toListRef()) {
-      list.push_back(plain(item));
+      list.push_back(plain_copy(item, tensor));
     }
     return list;
   }
@@ -27,21 +31,19 @@ c10::IValue plain(const c10::IValue& value) {
     const auto dict = value.toGenericDict();
     c10::impl::GenericDict out(dict.keyType(), c10::AnyType::get());
     for (const auto& entry : dict) {
-      out.insert(entry.key(), plain(entry.value()));
+      out.insert(entry.key(), plain_copy(entry.value(), tensor));
     }
     return out;
   }
   if (value.isTuple()) {
     std::vector<c10::IValue> items;
     for (const auto& item : value.toTupleRef().elements()) {
-      items.push_back(plain(item));
+      items.push_back(plain_copy(item, tensor));
     }
     return c10::ivalue::Tuple::create(std::move(items));
   }
   return value;
 }
-
-} // namespace
 
 void write_torch_archive(
     const c10::IValue& value,
@@ -57,7 +59,7 @@ void write_torch_archive(
       /*get_tensor_id=*/nullptr,
       /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(plain(value));
+  pickler.pushIValue(plain_copy(value, nullptr));
   pickler.stop();
   caffe2::serialize::PyTorchStreamWriter writer(
       [&](const void* data, size_t size) -> size_t {

@@ -133,40 +133,15 @@ c10::impl::GenericDict detail::detach_from_live_tensors(const Dict& dict) {
   // NOTE: a tensor that state_dict() copied from a device has its storage
   // to itself; one that something else also holds is a live tensor (a CPU
   // parameter, buffer or optimizer state) that the next step changes.
-  std::function<c10::IValue(const c10::IValue&)> copy =
-      [&](const c10::IValue& v) -> c10::IValue {
-    if (v.isTensor()) {
-      const auto& t = v.toTensor();
-      const bool shared = t.defined() &&
-          (t.use_count() > 1 ||
-           (t.has_storage() && t.storage().use_count() > 1));
-      return shared ? c10::IValue(t.clone()) : v;
-    }
-    if (v.isList()) {
-      c10::impl::GenericList list(v.toList().elementType());
-      for (const auto& item : v.toListRef()) {
-        list.push_back(copy(item));
-      }
-      return list;
-    }
-    if (v.isGenericDict()) {
-      const auto d = v.toGenericDict();
-      Dict out(d.keyType(), d.valueType());
-      for (const auto& entry : d) {
-        out.insert(entry.key(), copy(entry.value()));
-      }
-      return out;
-    }
-    if (v.isTuple()) {
-      std::vector<c10::IValue> items;
-      for (const auto& item : v.toTupleRef().elements()) {
-        items.push_back(copy(item));
-      }
-      return c10::ivalue::Tuple::create(std::move(items));
-    }
-    return v;
-  };
-  return copy(dict).toGenericDict();
+  return plain_copy(
+             dict,
+             [](const at::Tensor& t) -> c10::IValue {
+               const bool shared = t.defined() &&
+                   (t.use_count() > 1 ||
+                    (t.has_storage() && t.storage().use_count() > 1));
+               return shared ? t.clone() : t;
+             })
+      .toGenericDict();
 }
 
 detail::SaveSnapshot detail::take_snapshot(

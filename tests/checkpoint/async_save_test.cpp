@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,28 +24,8 @@ namespace async_save_test {
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const auto dir = testing::TempDir() + "lamp_async_" + name + "_" +
-      std::to_string(getpid());
-  EXPECT_EQ(
-      std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
-      0);
-  return dir;
-}
-
-std::vector<std::string> names_in(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (const auto* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") {
-        names.push_back(name);
-      }
-    }
-    closedir(d);
-  }
-  return names;
-}
+using lamp::test::fresh_dir;
+using lamp::test::names_in;
 
 // A small model trained with SGD + momentum on the CPU: every tensor of its
 // state (weights, momentum buffers) is live, changed in place by each step.
@@ -84,7 +63,7 @@ std::vector<torch::Tensor> tensors_of(TrainingRun& run) {
 }
 
 TEST(AsyncSave, WritesWhatASynchronousSaveWritesWhileTrainingGoesOn) {
-  const auto dir = fresh_dir("same");
+  const auto dir = fresh_dir("async_same");
   TrainingRun run;
   run.train_step();
   run.train_step();
@@ -116,7 +95,7 @@ TEST(AsyncSave, WritesWhatASynchronousSaveWritesWhileTrainingGoesOn) {
 }
 
 TEST(AsyncSave, AFailedWriteIsThrownByTheNextCallAndLosesNothing) {
-  const auto dir = fresh_dir("error");
+  const auto dir = fresh_dir("async_error");
   TrainingRun run;
   run.train_step();
   lamp::CheckpointManager checkpoints(

@@ -36,27 +36,8 @@ using lamp::test::expect_error;
 // NOTE: no std::filesystem: libtorch.so exports a broken copy of it (see
 // src/checkpoint/files.h).
 
-// A fresh, empty folder under the test temp dir, one per process (ctest runs
-// tests in parallel).
-std::string fresh_dir(const std::string& name) {
-  const auto dir =
-      testing::TempDir() + "lamp_ckpt_" + name + "_" + std::to_string(getpid());
-  EXPECT_EQ(
-      std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
-      0);
-  return dir;
-}
-
-std::vector<std::string> names_in(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (const auto* e = readdir(d)) {
-      names.emplace_back(e->d_name);
-    }
-    closedir(d);
-  }
-  return names;
-}
+using lamp::test::fresh_dir;
+using lamp::test::names_in;
 
 int64_t size_of(const std::string& path) {
   struct stat st {};
@@ -155,7 +136,7 @@ TEST(Checkpoint, SaveThenLoadRestoresEveryObject) {
       .add("flag", flag)
       .add("name", name)
       .add("ema", ema);
-  const auto path = fresh_dir("roundtrip") + "/c.pt";
+  const auto path = fresh_dir("ckpt_roundtrip") + "/c.pt";
   lamp::save_checkpoint(state, path, 7);
   const auto params = snapshot(*model);
   const auto next_x = torch::randn({3}); // RNG draws after the save
@@ -202,7 +183,7 @@ TEST(Checkpoint, TorchOptimAndOtherOptimizersRoundTrip) {
   }
   lamp::TrainingState state;
   state.add("model", *model).add("adam", adam).add("sgd", sgd).add("rms", rms);
-  const auto path = fresh_dir("optims") + "/c.pt";
+  const auto path = fresh_dir("ckpt_optims") + "/c.pt";
   lamp::save_checkpoint(state, path);
   auto key = model->parameters()[0].unsafeGetTensorImpl();
   const auto adam_step =
@@ -246,7 +227,7 @@ TEST(Checkpoint, BadInputIsAnErrorAndChangesNothing) {
       .add("optimizer", adam)
       .add("scaler", scaler)
       .add("step", step);
-  const auto dir = fresh_dir("bad");
+  const auto dir = fresh_dir("ckpt_bad");
   const auto good = dir + "/good.pt";
   lamp::save_checkpoint(state, good);
 
@@ -358,7 +339,7 @@ TEST(Checkpoint, FailedLoadRollsBackObjectsAlreadyRestored) {
   picky.x = -1;
   lamp::TrainingState state;
   state.add("scaler", scaler).add("picky", picky).rng(false);
-  const auto path = fresh_dir("rollback") + "/c.pt";
+  const auto path = fresh_dir("ckpt_rollback") + "/c.pt";
   lamp::save_checkpoint(state, path);
   scaler.set_growth_interval(5);
   picky.x = 3;
@@ -371,7 +352,7 @@ TEST(Checkpoint, FailedLoadRollsBackObjectsAlreadyRestored) {
 
 TEST(Checkpoint, NewerFormatIsRefused) {
   LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
-  const auto path = fresh_dir("newer") + "/newer.pt";
+  const auto path = fresh_dir("ckpt_newer") + "/newer.pt";
   lamp::test::run_python_oracle(
       "checkpoint/checkpoint_oracle.py", "newer \"" + path + "\"");
   lamp::TrainingState state;
@@ -400,7 +381,7 @@ TEST(Checkpoint, PythonLoadsTheResNet50IntoTorchvision) {
   }
   lamp::TrainingState state;
   state.add("model", *model).add("input", input).add("output", output);
-  const auto path = fresh_dir("resnet50") + "/resnet50.pt";
+  const auto path = fresh_dir("ckpt_resnet50") + "/resnet50.pt";
   lamp::save_checkpoint(state, path);
   const auto out = lamp::test::run_python_oracle(
       "checkpoint/checkpoint_oracle.py", "resnet50 \"" + path + "\"");
@@ -431,7 +412,7 @@ TEST(Checkpoint, PythonResumesLampAndLampResumesPython) {
       .add("step", step)
       .add("x", x)
       .rng(false);
-  const auto dir = fresh_dir("interop");
+  const auto dir = fresh_dir("ckpt_interop");
   lamp::save_checkpoint(state, dir + "/lamp.pt", step);
   lamp::test::run_python_oracle(
       "checkpoint/checkpoint_oracle.py",
@@ -479,7 +460,7 @@ TEST(Checkpoint, ManagerKeepsTheNewestAndResumesFromIt) {
   int64_t step = 0;
   lamp::TrainingState state;
   state.add("model", *model).add("step", step);
-  const auto dir = fresh_dir("manager");
+  const auto dir = fresh_dir("ckpt_manager");
   lamp::CheckpointManager checkpoints(
       dir, lamp::CheckpointManagerOptions().keep_last(2));
   EXPECT_FALSE(checkpoints.latest());
@@ -507,7 +488,7 @@ TEST(Checkpoint, ManagerKeepsTheNewestAndResumesFromIt) {
 void expect_bitwise_resume(
     const std::string& model,
     const std::string& device) {
-  const auto dir = fresh_dir("resume_" + model + "_" + device);
+  const auto dir = fresh_dir("ckpt_resume_" + model + "_" + device);
   auto train = [&](const std::string& args) {
     return worker("train " + model + " 20 " + args + " " + device);
   };
@@ -562,7 +543,7 @@ TEST_F(CheckpointGpu, LoadsOntoTheCurrentDeviceWhateverDeviceWroteIt) {
   cuda_state.add("model", *cuda_model)
       .add("optimizer", cuda_adam)
       .add("scaler", cuda_scaler);
-  const auto dir = fresh_dir("devices");
+  const auto dir = fresh_dir("ckpt_devices");
   lamp::save_checkpoint(cuda_state, dir + "/cuda.pt");
 
   auto cpu_model = small_mlp();
