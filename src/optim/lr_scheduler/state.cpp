@@ -97,12 +97,45 @@ const c10::IValue& StateReader::get(const std::string& key) const {
   return it->value();
 }
 
-int64_t StateReader::get_int(const std::string& key) const {
+const c10::IValue& StateReader::get_if(
+    const std::string& key,
+    const std::string& expected,
+    bool (c10::IValue::*is)() const) const {
   const auto& value = get(key);
-  if (!value.isInt()) {
-    fail(key, "an int", python_type_name(value));
+  if (!(value.*is)()) {
+    fail(key, expected, python_type_name(value));
   }
-  return value.toInt();
+  return value;
+}
+
+template <typename T, typename Convert>
+std::vector<T> StateReader::get_list(
+    const std::string& key,
+    const std::string& expected,
+    std::optional<size_t> size,
+    Convert convert) const {
+  const auto& list = get_if(key, expected, &c10::IValue::isList).toListRef();
+  if (size && list.size() != *size) {
+    fail(key, expected, "a list of " + std::to_string(list.size()));
+  }
+  std::vector<T> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::optional<T> v = convert(list[i]);
+    if (!v) {
+      fail(
+          key,
+          expected,
+          "a list whose element " + std::to_string(i) + " is a " +
+              python_type_name(list[i]));
+    }
+    out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+int64_t StateReader::get_int(const std::string& key) const {
+  return get_if(key, "an int", &c10::IValue::isInt).toInt();
 }
 
 int64_t StateReader::get_integral(const std::string& key) const {
@@ -131,11 +164,7 @@ double StateReader::get_double(const std::string& key) const {
 }
 
 bool StateReader::get_bool(const std::string& key) const {
-  const auto& value = get(key);
-  if (!value.isBool()) {
-    fail(key, "a bool", python_type_name(value));
-  }
-  return value.toBool();
+  return get_if(key, "a bool", &c10::IValue::isBool).toBool();
 }
 
 bool StateReader::get_bool_or(const std::string& key, bool fallback) const {
@@ -143,11 +172,7 @@ bool StateReader::get_bool_or(const std::string& key, bool fallback) const {
 }
 
 std::string StateReader::get_string(const std::string& key) const {
-  const auto& value = get(key);
-  if (!value.isString()) {
-    fail(key, "a str", python_type_name(value));
-  }
-  return value.toStringRef();
+  return get_if(key, "a str", &c10::IValue::isString).toStringRef();
 }
 
 std::optional<double> StateReader::get_optional_double(
@@ -166,79 +191,35 @@ std::optional<double> StateReader::get_optional_double(
 std::vector<double> StateReader::get_double_list(
     const std::string& key,
     std::optional<size_t> size) const {
-  const auto& value = get(key);
-  const std::string expected = size
-      ? "a list of " + std::to_string(*size) + " floats (one per param group)"
-      : std::string("a list of floats");
-  if (!value.isList()) {
-    fail(key, expected, python_type_name(value));
-  }
-  const auto list = value.toListRef();
-  if (size && list.size() != *size) {
-    fail(key, expected, "a list of " + std::to_string(list.size()));
-  }
-  std::vector<double> out;
-  out.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    auto v = as_double(list[i]);
-    if (!v) {
-      fail(
-          key,
-          expected,
-          "a list whose element " + std::to_string(i) + " is a " +
-              python_type_name(list[i]));
-    }
-    out.push_back(*v);
-  }
-  return out;
+  return get_list<double>(
+      key,
+      size ? "a list of " + std::to_string(*size) +
+              " floats (one per param group)"
+           : std::string("a list of floats"),
+      size,
+      as_double);
 }
 
 std::vector<int64_t> StateReader::get_int_list(const std::string& key) const {
-  const auto& value = get(key);
-  if (!value.isList()) {
-    fail(key, "a list of ints", python_type_name(value));
-  }
-  std::vector<int64_t> out;
-  const auto list = value.toListRef();
-  for (size_t i = 0; i < list.size(); ++i) {
-    if (!list[i].isInt()) {
-      fail(
-          key,
-          "a list of ints",
-          "a list whose element " + std::to_string(i) + " is a " +
-              python_type_name(list[i]));
-    }
-    out.push_back(list[i].toInt());
-  }
-  return out;
+  return get_list<int64_t>(
+      key, "a list of ints", std::nullopt, [](const c10::IValue& v) {
+        return v.isInt() ? std::optional<int64_t>(v.toInt()) : std::nullopt;
+      });
 }
 
 std::vector<c10::impl::GenericDict> StateReader::get_dict_list(
     const std::string& key,
     std::optional<size_t> size) const {
-  const auto& value = get(key);
-  const std::string expected = size
-      ? "a list of " + std::to_string(*size) + " dicts"
-      : std::string("a list of dicts");
-  if (!value.isList()) {
-    fail(key, expected, python_type_name(value));
-  }
-  const auto list = value.toListRef();
-  if (size && list.size() != *size) {
-    fail(key, expected, "a list of " + std::to_string(list.size()));
-  }
-  std::vector<c10::impl::GenericDict> out;
-  for (size_t i = 0; i < list.size(); ++i) {
-    if (!list[i].isGenericDict()) {
-      fail(
-          key,
-          expected,
-          "a list whose element " + std::to_string(i) + " is a " +
-              python_type_name(list[i]));
-    }
-    out.push_back(list[i].toGenericDict());
-  }
-  return out;
+  return get_list<c10::impl::GenericDict>(
+      key,
+      size ? "a list of " + std::to_string(*size) + " dicts"
+           : std::string("a list of dicts"),
+      size,
+      [](const c10::IValue& v) {
+        return v.isGenericDict()
+            ? std::optional<c10::impl::GenericDict>(v.toGenericDict())
+            : std::nullopt;
+      });
 }
 
 } // namespace lamp::optim::detail

@@ -69,6 +69,20 @@ class StateReader {
   }
 
  private:
+  // The value of `key`, which must satisfy `is` (else: not `expected`).
+  const c10::IValue& get_if(
+      const std::string& key,
+      const std::string& expected,
+      bool (c10::IValue::*is)() const) const;
+  // The elements of the list at `key` through `convert` (nullopt: not
+  // `expected`); of `size` elements when given.
+  template <typename T, typename Convert>
+  std::vector<T> get_list(
+      const std::string& key,
+      const std::string& expected,
+      std::optional<size_t> size,
+      Convert convert) const;
+
   const c10::impl::GenericDict& state_;
   std::string where_;
 };
