@@ -195,13 +195,22 @@ class LAMP_API LRScheduler {
   /// Python's `_update_lr(epoch)`.
   void update_lr(std::optional<int64_t> epoch);
 
-  /// Appends the keys every scheduler has (`base_lrs`, `last_epoch`,
-  /// `_step_count`, `_is_initial`, `_get_lr_called_within_step`, `_last_lr`)
-  /// in Python's order.
-  void append_base_state(StateDict& state) const;
+  /// One key of a scheduler's state dict and the member that holds it
+  /// (internal to lamp).
+  struct StateField;
+  /// The keys of this scheduler's state in Python's order, which the default
+  /// `state_dict()` writes and the default `check_state_dict()` reads. The
+  /// default: the keys every scheduler has (`base_lrs`, `last_epoch`,
+  /// `_step_count`, `_is_initial`, `_get_lr_called_within_step`, `_last_lr`).
+  virtual std::vector<StateField> state_fields();
+  /// `own` followed by the keys every scheduler has.
+  std::vector<StateField> with_base_fields(std::vector<StateField> own);
+  /// Appends the keys of `state_fields()` to `state`.
+  void append_state(StateDict& state) const;
   /// Checks `state` (throwing a `c10::Error` that starts with `where`) and
-  /// returns a function that applies it and cannot throw. Subclasses check
-  /// their own keys and call this for the base keys.
+  /// returns a function that applies it and cannot throw. The default checks
+  /// every key of `state_fields()` in order; subclasses with other keys check
+  /// them and call this one.
   virtual std::function<void()> check_state_dict(
       const c10::impl::GenericDict& state,
       const std::string& where);

@@ -48,6 +48,7 @@ class LAMP_API SequentialLR : public LRScheduler {
   }
 
  protected:
+  std::vector<StateField> state_fields() override;
   std::function<void()> check_state_dict(
       const c10::impl::GenericDict& state,
       const std::string& where) override;
@@ -92,6 +93,7 @@ class LAMP_API ChainedScheduler : public LRScheduler {
   }
 
  protected:
+  std::vector<StateField> state_fields() override;
   std::function<void()> check_state_dict(
       const c10::impl::GenericDict& state,
       const std::string& where) override;

@@ -39,8 +39,6 @@ class LAMP_API CosineAnnealingWarmRestarts : public LRScheduler {
   }
   /// One step, as Python's `step()`.
   void step() override;
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
   /// Steps since the last restart.
   int64_t T_cur() const {
     return T_cur_;
@@ -52,9 +50,7 @@ class LAMP_API CosineAnnealingWarmRestarts : public LRScheduler {
 
  protected:
   std::vector<double> get_lr() override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   int64_t T_0_;

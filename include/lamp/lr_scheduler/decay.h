@@ -32,15 +32,11 @@ class LAMP_API StepLR : public LRScheduler {
   std::string name() const override {
     return "StepLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   int64_t step_size_;
@@ -70,15 +66,11 @@ class LAMP_API MultiStepLR : public LRScheduler {
   std::string name() const override {
     return "MultiStepLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   // Counter(milestones): milestone -> count, in order of first appearance.
@@ -104,15 +96,11 @@ class LAMP_API ExponentialLR : public LRScheduler {
   std::string name() const override {
     return "ExponentialLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   double gamma_;
@@ -138,15 +126,11 @@ class LAMP_API PolynomialLR : public LRScheduler {
   std::string name() const override {
     return "PolynomialLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   int64_t total_iters_;
@@ -175,15 +159,11 @@ class LAMP_API CosineAnnealingLR : public LRScheduler {
   std::string name() const override {
     return "CosineAnnealingLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   int64_t T_max_;

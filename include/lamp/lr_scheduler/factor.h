@@ -112,15 +112,11 @@ class LAMP_API ConstantLR : public LRScheduler {
   std::string name() const override {
     return "ConstantLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   double factor_;
@@ -149,15 +145,11 @@ class LAMP_API LinearLR : public LRScheduler {
   std::string name() const override {
     return "LinearLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
   std::optional<std::vector<double>> get_closed_form_lr() const override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   double start_factor_;

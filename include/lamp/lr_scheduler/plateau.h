@@ -63,8 +63,6 @@ class LAMP_API ReduceLROnPlateau : public LRScheduler {
   void step() override;
   /// One step with the metric of this epoch.
   void step(double metrics);
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
   /// The best metric so far (inf / -inf before the first step).
   double best() const {
     return best_;
@@ -79,6 +77,7 @@ class LAMP_API ReduceLROnPlateau : public LRScheduler {
   }
 
  protected:
+  std::vector<StateField> state_fields() override;
   std::function<void()> check_state_dict(
       const c10::impl::GenericDict& state,
       const std::string& where) override;

@@ -5,7 +5,9 @@
 #include <torch/serialize/output-archive.h>
 
 #include <mutex>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "state.h"
 
@@ -216,18 +218,77 @@ void LRScheduler::update_lr(std::optional<int64_t> epoch) {
   last_lr_ = group_lrs();
 }
 
-void LRScheduler::append_base_state(StateDict& state) const {
-  state.insert("base_lrs", detail::double_list(base_lrs_));
-  state.insert("last_epoch", last_epoch_);
-  state.insert("_step_count", step_count_);
-  state.insert("_is_initial", is_initial_);
-  state.insert("_get_lr_called_within_step", get_lr_called_within_step_);
-  state.insert("_last_lr", detail::double_list(last_lr_));
+LRScheduler::StateField& LRScheduler::StateField::integral() {
+  is_integral = true;
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::or_false() {
+  is_or_false = true;
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::at_least(
+    int64_t min,
+    std::string description) {
+  valid = [min](const Value& v) { return std::get<int64_t>(v) >= min; };
+  expected = std::move(description);
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::one_of(
+    const std::string& a,
+    const std::string& b) {
+  valid = [a, b](const Value& v) {
+    return std::get<std::string>(v) == a || std::get<std::string>(v) == b;
+  };
+  expected = "'" + a + "' or '" + b + "'";
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::of_size(
+    size_t size,
+    std::string description) {
+  valid = [size](const Value& v) {
+    return std::get<std::vector<int64_t>>(v).size() == size;
+  };
+  expected = std::move(description);
+  return *this;
+}
+
+std::vector<LRScheduler::StateField> LRScheduler::state_fields() {
+  return {
+      {"base_lrs", &base_lrs_},
+      {"last_epoch", &last_epoch_},
+      {"_step_count", &step_count_},
+      StateField("_is_initial", &is_initial_).or_false(),
+      StateField("_get_lr_called_within_step", &get_lr_called_within_step_)
+          .or_false(),
+      {"_last_lr", &last_lr_}};
+}
+
+std::vector<LRScheduler::StateField> LRScheduler::with_base_fields(
+    std::vector<StateField> own) {
+  auto base = LRScheduler::state_fields();
+  own.insert(own.end(), base.begin(), base.end());
+  return own;
+}
+
+void LRScheduler::append_state(StateDict& state) const {
+  // NOTE: state_fields() hands out pointers to members for loading too;
+  // here they are only read.
+  for (const auto& field : const_cast<LRScheduler*>(this)->state_fields()) {
+    state.insert(
+        field.key,
+        std::visit(
+            [](const auto* member) { return detail::to_ivalue(*member); },
+            field.member));
+  }
 }
 
 LRScheduler::StateDict LRScheduler::state_dict() const {
   auto state = lamp::new_state_dict();
-  append_base_state(state);
+  append_state(state);
   return state;
 }
 
@@ -236,26 +297,62 @@ std::function<void()> LRScheduler::check_state_dict(
     const std::string& where) {
   detail::StateReader reader(state, where);
   const size_t groups = optimizer_.param_groups().size();
-  auto base_lrs = reader.get_double_list("base_lrs", groups);
-  const int64_t last_epoch = reader.get_int("last_epoch");
-  const int64_t step_count = reader.get_int("_step_count");
-  const bool is_initial = reader.get_bool_or("_is_initial", false);
-  const bool within_step =
-      reader.get_bool_or("_get_lr_called_within_step", false);
-  auto last_lr = reader.get_double_list("_last_lr", groups);
-  return [this,
-          base_lrs = std::move(base_lrs),
-          last_epoch,
-          step_count,
-          is_initial,
-          within_step,
-          last_lr = std::move(last_lr)]() mutable {
-    base_lrs_ = std::move(base_lrs);
-    last_epoch_ = last_epoch;
-    step_count_ = step_count;
-    is_initial_ = is_initial;
-    get_lr_called_within_step_ = within_step;
-    last_lr_ = std::move(last_lr);
+  auto fields = state_fields();
+  std::vector<StateField::Value> values;
+  // NOTE: the extra checks of consecutive fields run once all of them are
+  // read (CosineAnnealingWarmRestarts reads T_0, T_i and T_mult, then checks
+  // their values): this order decides which error a state with several
+  // faults reports.
+  size_t checked = 0;
+  auto check_up_to = [&](size_t end) {
+    for (; checked < end; ++checked) {
+      const auto& field = fields[checked];
+      if (field.valid && !field.valid(values[checked])) {
+        reader.fail(
+            field.key, field.expected, detail::describe(values[checked]));
+      }
+    }
+  };
+  for (const auto& field : fields) {
+    if (!field.valid) {
+      check_up_to(values.size());
+    }
+    values.push_back(std::visit(
+        [&](auto* member) -> StateField::Value {
+          using T = std::remove_pointer_t<decltype(member)>;
+          const std::string key = field.key;
+          if constexpr (std::is_same_v<T, int64_t>) {
+            return field.is_integral ? reader.get_integral(key)
+                                     : reader.get_int(key);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            return field.is_or_false ? reader.get_bool_or(key, false)
+                                     : reader.get_bool(key);
+          } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+            return reader.get_double_list(key, groups);
+          } else if constexpr (std::is_same_v<T, double>) {
+            return reader.get_double(key);
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            return reader.get_string(key);
+          } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+            return reader.get_optional_double(key);
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+            return reader.get_int_list(key);
+          } else {
+            return reader.get_counter(key);
+          }
+        },
+        field.member));
+  }
+  check_up_to(fields.size());
+  return [fields = std::move(fields), values = std::move(values)]() mutable {
+    for (size_t i = 0; i < fields.size(); ++i) {
+      std::visit(
+          [&](auto* member) {
+            using T = std::remove_pointer_t<decltype(member)>;
+            *member = std::get<T>(std::move(values[i]));
+          },
+          fields[i].member);
+    }
   };
 }
 

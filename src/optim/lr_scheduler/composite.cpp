@@ -77,15 +77,31 @@ torch::optim::Optimizer& chained_optimizer(
   return schedulers[0]->optimizer();
 }
 
-// Checks each scheduler's entry of `_schedulers`; returns their appliers.
-std::vector<std::function<void()>> check_children(
+// `state` with Python's `_schedulers`: the schedulers' state dicts.
+LRScheduler::StateDict with_children(
+    LRScheduler::StateDict state,
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
+  c10::impl::GenericList children(c10::AnyType::get());
+  for (const auto& scheduler : schedulers) {
+    children.push_back(scheduler->state_dict());
+  }
+  state.insert("_schedulers", children);
+  return state;
+}
+
+// Checks each scheduler's entry of `_schedulers` in `state` through `check`
+// (LRScheduler::check_state_dict, which only the composites may call);
+// returns a function that applies them all.
+std::function<void()> check_children(
     const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
-    const std::vector<c10::impl::GenericDict>& states,
+    const c10::impl::GenericDict& state,
     const std::string& where,
     const std::function<std::function<void()>(
         LRScheduler&,
         const c10::impl::GenericDict&,
         const std::string&)>& check) {
+  const auto states = detail::StateReader(state, where)
+                          .get_dict_list("_schedulers", schedulers.size());
   std::vector<std::function<void()>> apply;
   for (size_t i = 0; i < schedulers.size(); ++i) {
     apply.push_back(check(
@@ -94,7 +110,11 @@ std::vector<std::function<void()>> check_children(
         where + ": _schedulers[" + std::to_string(i) + "] (" +
             schedulers[i]->name() + ")"));
   }
-  return apply;
+  return [apply = std::move(apply)] {
+    for (const auto& f : apply) {
+      f();
+    }
+  };
 }
 
 } // namespace
@@ -162,52 +182,35 @@ void SequentialLR::step() {
   last_lr_ = scheduler.get_last_lr();
 }
 
+std::vector<LRScheduler::StateField> SequentialLR::state_fields() {
+  return {
+      StateField("_milestones", &milestones_)
+          .of_size(
+              schedulers_.size() - 1,
+              "a list of " + std::to_string(schedulers_.size() - 1) +
+                  " ints (one fewer than schedulers)"),
+      {"last_epoch", &last_epoch_},
+      {"_last_lr", &last_lr_}};
+}
+
 LRScheduler::StateDict SequentialLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("_milestones", detail::int_list(milestones_));
-  state.insert("last_epoch", last_epoch_);
-  state.insert("_last_lr", detail::double_list(last_lr_));
-  c10::impl::GenericList children(c10::AnyType::get());
-  for (const auto& scheduler : schedulers_) {
-    children.push_back(scheduler->state_dict());
-  }
-  state.insert("_schedulers", children);
-  return state;
+  return with_children(LRScheduler::state_dict(), schedulers_);
 }
 
 std::function<void()> SequentialLR::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  detail::StateReader reader(state, where);
-  auto milestones = reader.get_int_list("_milestones");
-  if (milestones.size() != schedulers_.size() - 1) {
-    reader.fail(
-        "_milestones",
-        "a list of " + std::to_string(schedulers_.size() - 1) +
-            " ints (one fewer than schedulers)",
-        "a list of " + std::to_string(milestones.size()));
-  }
-  const int64_t last_epoch = reader.get_int("last_epoch");
-  auto last_lr =
-      reader.get_double_list("_last_lr", optimizer().param_groups().size());
-  auto apply_children = check_children(
+  auto apply = LRScheduler::check_state_dict(state, where);
+  auto children = check_children(
       schedulers_,
-      reader.get_dict_list("_schedulers", schedulers_.size()),
+      state,
       where,
       [](LRScheduler& s, const auto& d, const std::string& w) {
         return s.check_state_dict(d, w);
       });
-  return [this,
-          milestones = std::move(milestones),
-          last_epoch,
-          last_lr = std::move(last_lr),
-          apply_children = std::move(apply_children)]() mutable {
-    milestones_ = std::move(milestones);
-    last_epoch_ = last_epoch;
-    last_lr_ = std::move(last_lr);
-    for (auto& apply : apply_children) {
-      apply();
-    }
+  return [apply = std::move(apply), children = std::move(children)] {
+    apply();
+    children();
   };
 }
 
@@ -231,37 +234,28 @@ void ChainedScheduler::step() {
   last_epoch_ = schedulers_.back()->last_epoch();
 }
 
+std::vector<LRScheduler::StateField> ChainedScheduler::state_fields() {
+  return {{"_last_lr", &last_lr_}};
+}
+
 LRScheduler::StateDict ChainedScheduler::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("_last_lr", detail::double_list(last_lr_));
-  c10::impl::GenericList children(c10::AnyType::get());
-  for (const auto& scheduler : schedulers_) {
-    children.push_back(scheduler->state_dict());
-  }
-  state.insert("_schedulers", children);
-  return state;
+  return with_children(LRScheduler::state_dict(), schedulers_);
 }
 
 std::function<void()> ChainedScheduler::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  detail::StateReader reader(state, where);
-  auto last_lr =
-      reader.get_double_list("_last_lr", optimizer().param_groups().size());
-  auto apply_children = check_children(
+  auto apply = LRScheduler::check_state_dict(state, where);
+  auto children = check_children(
       schedulers_,
-      reader.get_dict_list("_schedulers", schedulers_.size()),
+      state,
       where,
       [](LRScheduler& s, const auto& d, const std::string& w) {
         return s.check_state_dict(d, w);
       });
-  return [this,
-          last_lr = std::move(last_lr),
-          apply_children = std::move(apply_children)]() mutable {
-    last_lr_ = std::move(last_lr);
-    for (auto& apply : apply_children) {
-      apply();
-    }
+  return [this, apply = std::move(apply), children = std::move(children)] {
+    apply();
+    children();
     last_epoch_ = schedulers_.back()->last_epoch();
   };
 }

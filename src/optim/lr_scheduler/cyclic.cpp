@@ -195,44 +195,14 @@ std::vector<double> CosineAnnealingWarmRestarts::get_lr() {
   return out;
 }
 
-LRScheduler::StateDict CosineAnnealingWarmRestarts::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("T_0", T_0_);
-  state.insert("T_i", T_i_);
-  state.insert("T_mult", T_mult_);
-  state.insert("eta_min", eta_min_);
-  state.insert("T_cur", T_cur_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> CosineAnnealingWarmRestarts::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const int64_t T_0 = reader.get_int("T_0");
-  const int64_t T_i = reader.get_integral("T_i");
-  const int64_t T_mult = reader.get_int("T_mult");
-  if (T_0 <= 0) {
-    reader.fail("T_0", "a positive int", std::to_string(T_0));
-  }
-  if (T_i <= 0) {
-    reader.fail("T_i", "a positive int", std::to_string(T_i));
-  }
-  if (T_mult < 1) {
-    reader.fail("T_mult", "an int >= 1", std::to_string(T_mult));
-  }
-  const double eta_min = reader.get_double("eta_min");
-  const int64_t T_cur = reader.get_integral("T_cur");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, T_0, T_i, T_mult, eta_min, T_cur, base = std::move(base)] {
-    T_0_ = T_0;
-    T_i_ = T_i;
-    T_mult_ = T_mult;
-    eta_min_ = eta_min;
-    T_cur_ = T_cur;
-    base();
-  };
+std::vector<LRScheduler::StateField> CosineAnnealingWarmRestarts::
+    state_fields() {
+  return with_base_fields(
+      {StateField("T_0", &T_0_).at_least(1, "a positive int"),
+       StateField("T_i", &T_i_).integral().at_least(1, "a positive int"),
+       StateField("T_mult", &T_mult_).at_least(1, "an int >= 1"),
+       {"eta_min", &eta_min_},
+       StateField("T_cur", &T_cur_).integral()});
 }
 
 // --------------------------------------------------------------- OneCycleLR
@@ -401,7 +371,7 @@ LRScheduler::StateDict OneCycleLR::state_dict() const {
   if (cycle_momentum_) {
     state.insert("use_beta1", use_beta1_);
   }
-  append_base_state(state);
+  append_state(state);
   return state;
 }
 

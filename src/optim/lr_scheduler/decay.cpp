@@ -64,29 +64,10 @@ std::optional<std::vector<double>> StepLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict StepLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("step_size", step_size_);
-  state.insert("gamma", gamma_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> StepLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const int64_t step_size = reader.get_int("step_size");
-  if (step_size <= 0) {
-    reader.fail("step_size", "a positive int", std::to_string(step_size));
-  }
-  const double gamma = reader.get_double("gamma");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, step_size, gamma, base = std::move(base)] {
-    step_size_ = step_size;
-    gamma_ = gamma;
-    base();
-  };
+std::vector<LRScheduler::StateField> StepLR::state_fields() {
+  return with_base_fields(
+      {StateField("step_size", &step_size_).at_least(1, "a positive int"),
+       {"gamma", &gamma_}});
 }
 
 // -------------------------------------------------------------- MultiStepLR
@@ -141,48 +122,8 @@ std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict MultiStepLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  c10::Dict<int64_t, int64_t> milestones;
-  for (const auto& [milestone, count] : milestones_) {
-    milestones.insert(milestone, count);
-  }
-  state.insert("milestones", milestones);
-  state.insert("gamma", gamma_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> MultiStepLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const auto& value = reader.get("milestones");
-  const std::string expected = "a dict int -> int (milestone -> count)";
-  if (!value.isGenericDict()) {
-    reader.fail("milestones", expected, detail::python_type_name(value));
-  }
-  std::vector<std::pair<int64_t, int64_t>> milestones;
-  for (const auto& entry : value.toGenericDict()) {
-    if (!entry.key().isInt() || !entry.value().isInt()) {
-      reader.fail(
-          "milestones",
-          expected,
-          "an entry " + detail::python_type_name(entry.key()) + " -> " +
-              detail::python_type_name(entry.value()));
-    }
-    milestones.emplace_back(entry.key().toInt(), entry.value().toInt());
-  }
-  const double gamma = reader.get_double("gamma");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this,
-          milestones = std::move(milestones),
-          gamma,
-          base = std::move(base)]() mutable {
-    milestones_ = std::move(milestones);
-    gamma_ = gamma;
-    base();
-  };
+std::vector<LRScheduler::StateField> MultiStepLR::state_fields() {
+  return with_base_fields({{"milestones", &milestones_}, {"gamma", &gamma_}});
 }
 
 // ------------------------------------------------------------ ExponentialLR
@@ -214,23 +155,8 @@ std::optional<std::vector<double>> ExponentialLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict ExponentialLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("gamma", gamma_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> ExponentialLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const double gamma = reader.get_double("gamma");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, gamma, base = std::move(base)] {
-    gamma_ = gamma;
-    base();
-  };
+std::vector<LRScheduler::StateField> ExponentialLR::state_fields() {
+  return with_base_fields({{"gamma", &gamma_}});
 }
 
 // ------------------------------------------------------------- PolynomialLR
@@ -273,26 +199,8 @@ std::optional<std::vector<double>> PolynomialLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict PolynomialLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("total_iters", total_iters_);
-  state.insert("power", power_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> PolynomialLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const int64_t total_iters = reader.get_int("total_iters");
-  const double power = reader.get_double("power");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, total_iters, power, base = std::move(base)] {
-    total_iters_ = total_iters;
-    power_ = power;
-    base();
-  };
+std::vector<LRScheduler::StateField> PolynomialLR::state_fields() {
+  return with_base_fields({{"total_iters", &total_iters_}, {"power", &power_}});
 }
 
 // -------------------------------------------------------- CosineAnnealingLR
@@ -358,29 +266,10 @@ std::optional<std::vector<double>> CosineAnnealingLR::get_closed_form_lr()
   return out;
 }
 
-LRScheduler::StateDict CosineAnnealingLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("T_max", T_max_);
-  state.insert("eta_min", eta_min_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> CosineAnnealingLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const int64_t T_max = reader.get_int("T_max");
-  if (T_max <= 0) {
-    reader.fail("T_max", "a positive int", std::to_string(T_max));
-  }
-  const double eta_min = reader.get_double("eta_min");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, T_max, eta_min, base = std::move(base)] {
-    T_max_ = T_max;
-    eta_min_ = eta_min;
-    base();
-  };
+std::vector<LRScheduler::StateField> CosineAnnealingLR::state_fields() {
+  return with_base_fields(
+      {StateField("T_max", &T_max_).at_least(1, "a positive int"),
+       {"eta_min", &eta_min_}});
 }
 
 } // namespace lamp::optim

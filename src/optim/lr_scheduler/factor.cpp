@@ -70,12 +70,13 @@ void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
   }
 }
 
-c10::IValue none_list(size_t count) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (size_t i = 0; i < count; ++i) {
-    list.push_back(c10::IValue());
-  }
-  return list;
+// `state` with Python's `lr_lambdas`: a list of None, one per lambda.
+LRScheduler::StateDict with_lr_lambdas(
+    LRScheduler::StateDict state,
+    size_t count) {
+  state.insert(
+      "lr_lambdas", detail::to_ivalue(std::vector<c10::IValue>(count)));
+  return state;
 }
 
 } // namespace
@@ -117,10 +118,7 @@ std::vector<double> LambdaLR::get_lr() {
 }
 
 LRScheduler::StateDict LambdaLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  append_base_state(state);
-  state.insert("lr_lambdas", none_list(lr_lambdas_.size()));
-  return state;
+  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
 }
 
 std::function<void()> LambdaLR::check_state_dict(
@@ -171,10 +169,7 @@ std::vector<double> MultiplicativeLR::get_lr() {
 }
 
 LRScheduler::StateDict MultiplicativeLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  append_base_state(state);
-  state.insert("lr_lambdas", none_list(lr_lambdas_.size()));
-  return state;
+  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
 }
 
 std::function<void()> MultiplicativeLR::check_state_dict(
@@ -229,26 +224,9 @@ std::optional<std::vector<double>> ConstantLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict ConstantLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("factor", factor_);
-  state.insert("total_iters", total_iters_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> ConstantLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const double factor = reader.get_double("factor");
-  const int64_t total_iters = reader.get_int("total_iters");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, factor, total_iters, base = std::move(base)] {
-    factor_ = factor;
-    total_iters_ = total_iters;
-    base();
-  };
+std::vector<LRScheduler::StateField> ConstantLR::state_fields() {
+  return with_base_fields(
+      {{"factor", &factor_}, {"total_iters", &total_iters_}});
 }
 
 // ----------------------------------------------------------------- LinearLR
@@ -308,29 +286,11 @@ std::optional<std::vector<double>> LinearLR::get_closed_form_lr() const {
   return out;
 }
 
-LRScheduler::StateDict LinearLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("start_factor", start_factor_);
-  state.insert("end_factor", end_factor_);
-  state.insert("total_iters", total_iters_);
-  append_base_state(state);
-  return state;
-}
-
-std::function<void()> LinearLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const double start_factor = reader.get_double("start_factor");
-  const double end_factor = reader.get_double("end_factor");
-  const int64_t total_iters = reader.get_int("total_iters");
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this, start_factor, end_factor, total_iters, base = std::move(base)] {
-    start_factor_ = start_factor;
-    end_factor_ = end_factor;
-    total_iters_ = total_iters;
-    base();
-  };
+std::vector<LRScheduler::StateField> LinearLR::state_fields() {
+  return with_base_fields(
+      {{"start_factor", &start_factor_},
+       {"end_factor", &end_factor_},
+       {"total_iters", &total_iters_}});
 }
 
 } // namespace lamp::optim

@@ -130,75 +130,34 @@ void ReduceLROnPlateau::reduce_lr() {
   }
 }
 
-LRScheduler::StateDict ReduceLROnPlateau::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("factor", factor_);
-  state.insert(
-      "default_min_lr",
-      default_min_lr_ ? c10::IValue(*default_min_lr_) : c10::IValue());
-  state.insert("min_lrs", detail::double_list(min_lrs_));
-  state.insert("patience", patience_);
-  state.insert("cooldown", cooldown_);
-  state.insert("eps", eps_);
-  state.insert("last_epoch", last_epoch_);
-  state.insert("_last_lr", detail::double_list(last_lr_));
-  state.insert("mode_worse", mode_worse_);
-  state.insert("mode", mode_);
-  state.insert("threshold", threshold_);
-  state.insert("threshold_mode", threshold_mode_);
-  state.insert("best", best_);
-  state.insert("cooldown_counter", cooldown_counter_);
-  state.insert("num_bad_epochs", num_bad_epochs_);
-  return state;
+std::vector<LRScheduler::StateField> ReduceLROnPlateau::state_fields() {
+  return {
+      {"factor", &factor_},
+      {"default_min_lr", &default_min_lr_},
+      {"min_lrs", &min_lrs_},
+      {"patience", &patience_},
+      {"cooldown", &cooldown_},
+      {"eps", &eps_},
+      {"last_epoch", &last_epoch_},
+      {"_last_lr", &last_lr_},
+      {"mode_worse", &mode_worse_},
+      StateField("mode", &mode_).one_of("min", "max"),
+      {"threshold", &threshold_},
+      StateField("threshold_mode", &threshold_mode_).one_of("rel", "abs"),
+      {"best", &best_},
+      {"cooldown_counter", &cooldown_counter_},
+      {"num_bad_epochs", &num_bad_epochs_}};
 }
 
 std::function<void()> ReduceLROnPlateau::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  detail::StateReader reader(state, where);
-  const size_t groups = optimizer().param_groups().size();
-  const double factor = reader.get_double("factor");
-  const auto default_min_lr = reader.get_optional_double("default_min_lr");
-  auto min_lrs = reader.get_double_list("min_lrs", groups);
-  const int64_t patience = reader.get_int("patience");
-  const int64_t cooldown = reader.get_int("cooldown");
-  const double eps = reader.get_double("eps");
-  const int64_t last_epoch = reader.get_int("last_epoch");
-  auto last_lr = reader.get_double_list("_last_lr", groups);
-  reader.get_double("mode_worse"); // recomputed from `mode`, as Python
-  auto mode = reader.get_string("mode");
-  if (mode != "min" && mode != "max") {
-    reader.fail("mode", "'min' or 'max'", "'" + mode + "'");
-  }
-  const double threshold = reader.get_double("threshold");
-  auto threshold_mode = reader.get_string("threshold_mode");
-  if (threshold_mode != "rel" && threshold_mode != "abs") {
-    reader.fail("threshold_mode", "'rel' or 'abs'", "'" + threshold_mode + "'");
-  }
-  const double best = reader.get_double("best");
-  const int64_t cooldown_counter = reader.get_int("cooldown_counter");
-  const int64_t num_bad_epochs = reader.get_int("num_bad_epochs");
-  return [=,
-          min_lrs = std::move(min_lrs),
-          last_lr = std::move(last_lr),
-          mode = std::move(mode),
-          threshold_mode = std::move(threshold_mode)]() mutable {
-    factor_ = factor;
-    default_min_lr_ = default_min_lr;
-    min_lrs_ = std::move(min_lrs);
-    patience_ = patience;
-    cooldown_ = cooldown;
-    eps_ = eps;
-    last_epoch_ = last_epoch;
-    last_lr_ = std::move(last_lr);
-    mode_worse_ = mode == "min" ? std::numeric_limits<double>::infinity()
-                                : -std::numeric_limits<double>::infinity();
-    mode_ = std::move(mode);
-    threshold_ = threshold;
-    threshold_mode_ = std::move(threshold_mode);
-    best_ = best;
-    cooldown_counter_ = cooldown_counter;
-    num_bad_epochs_ = num_bad_epochs;
+  auto apply = LRScheduler::check_state_dict(state, where);
+  return [this, apply = std::move(apply)] {
+    apply();
+    // NOTE: recomputed from `mode`, as Python's _init_is_better does.
+    mode_worse_ = mode_ == "min" ? std::numeric_limits<double>::infinity()
+                                 : -std::numeric_limits<double>::infinity();
   };
 }
 

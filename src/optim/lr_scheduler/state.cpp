@@ -10,24 +10,6 @@
 
 namespace lamp::optim::detail {
 
-c10::IValue double_list(const std::vector<double>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  list.reserve(values.size());
-  for (double v : values) {
-    list.push_back(v);
-  }
-  return list;
-}
-
-c10::IValue int_list(const std::vector<int64_t>& values) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  list.reserve(values.size());
-  for (int64_t v : values) {
-    list.push_back(v);
-  }
-  return list;
-}
-
 std::string python_type_name(const c10::IValue& value) {
   if (value.isNone()) {
     return "None";
@@ -205,6 +187,24 @@ std::vector<int64_t> StateReader::get_int_list(const std::string& key) const {
       key, "a list of ints", std::nullopt, [](const c10::IValue& v) {
         return v.isInt() ? std::optional<int64_t>(v.toInt()) : std::nullopt;
       });
+}
+
+std::vector<std::pair<int64_t, int64_t>> StateReader::get_counter(
+    const std::string& key) const {
+  const std::string expected = "a dict int -> int (milestone -> count)";
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& entry :
+       get_if(key, expected, &c10::IValue::isGenericDict).toGenericDict()) {
+    if (!entry.key().isInt() || !entry.value().isInt()) {
+      fail(
+          key,
+          expected,
+          "an entry " + python_type_name(entry.key()) + " -> " +
+              python_type_name(entry.value()));
+    }
+    out.emplace_back(entry.key().toInt(), entry.value().toInt());
+  }
+  return out;
 }
 
 std::vector<c10::impl::GenericDict> StateReader::get_dict_list(

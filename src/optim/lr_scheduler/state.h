@@ -9,19 +9,117 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
-namespace lamp::optim::detail {
+namespace lamp::optim {
+
+/// One key of a scheduler's state dict and the member that holds it (see
+/// `state_fields()`). A `std::vector<double>` holds one value per param
+/// group; pairs are a dict int -> int (Python's Counter of milestones).
+struct LRScheduler::StateField {
+  using Member = std::variant<
+      int64_t*,
+      double*,
+      bool*,
+      std::string*,
+      std::optional<double>*,
+      std::vector<double>*,
+      std::vector<int64_t>*,
+      std::vector<std::pair<int64_t, int64_t>>*>;
+  /// A loaded value, of the type `member` points to.
+  using Value = std::variant<
+      int64_t,
+      double,
+      bool,
+      std::string,
+      std::optional<double>,
+      std::vector<double>,
+      std::vector<int64_t>,
+      std::vector<std::pair<int64_t, int64_t>>>;
+
+  template <typename T>
+  StateField(const char* key, T* member) : key(key), member(member) {}
+  /// An int that may also be loaded from a float holding an integer.
+  StateField& integral();
+  /// A bool that is false when missing (Python's class default).
+  StateField& or_false();
+  /// Also requires an int >= `min`; `description` says so in messages.
+  StateField& at_least(int64_t min, std::string description);
+  /// Also requires a str equal to `a` or `b`.
+  StateField& one_of(const std::string& a, const std::string& b);
+  /// Also requires a list of `size` ints; `description` says so.
+  StateField& of_size(size_t size, std::string description);
+
+  const char* key;
+  Member member;
+  bool is_integral = false;
+  bool is_or_false = false;
+  /// The extra requirement on a loaded value, if any, and its description.
+  std::function<bool(const Value&)> valid;
+  std::string expected;
+};
+
+namespace detail {
 
 /// Python's math.pi, for the cosine schedules (decay.cpp, cyclic.cpp).
 inline constexpr double kPi = 3.141592653589793;
 
-/// A Python list of floats (a generic list, as Python's unpickles).
-c10::IValue double_list(const std::vector<double>& values);
-/// A Python list of ints.
-c10::IValue int_list(const std::vector<int64_t>& values);
+/// A value of a state dict as Python holds it: ints, floats, bools and strs
+/// as themselves, None for nullopt, lists as generic lists (as Python's
+/// unpickle).
+template <typename T>
+c10::IValue to_ivalue(const T& value) {
+  return value;
+}
+inline c10::IValue to_ivalue(const std::optional<double>& value) {
+  return value ? c10::IValue(*value) : c10::IValue();
+}
+template <typename T>
+c10::IValue to_ivalue(const std::vector<T>& values) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.reserve(values.size());
+  for (const auto& v : values) {
+    list.push_back(v);
+  }
+  return list;
+}
+
+/// A Python Counter (MultiStepLR's milestones) as a dict int -> int.
+inline c10::IValue to_ivalue(
+    const std::vector<std::pair<int64_t, int64_t>>& counter) {
+  c10::Dict<int64_t, int64_t> dict;
+  for (const auto& [key, count] : counter) {
+    dict.insert(key, count);
+  }
+  return dict;
+}
+
+/// A loaded value as a message's "found": an int as its digits, a str
+/// quoted, a list of ints by its length.
+template <typename Value>
+std::string describe(const Value& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          return std::to_string(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return "'" + v + "'";
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          return "a list of " + std::to_string(v.size());
+        } else {
+          return "";
+        }
+      },
+      value);
+}
+
 /// Python's type name of `value` (int, float, bool, str, list, dict, None).
 std::string python_type_name(const c10::IValue& value);
 
@@ -54,6 +152,9 @@ class StateReader {
       const std::string& key,
       std::optional<size_t> size) const;
   std::vector<int64_t> get_int_list(const std::string& key) const;
+  /// A dict int -> int (MultiStepLR's milestone -> count), in order.
+  std::vector<std::pair<int64_t, int64_t>> get_counter(
+      const std::string& key) const;
   /// A list of dicts; of `size` elements when given.
   std::vector<c10::impl::GenericDict> get_dict_list(
       const std::string& key,
@@ -90,4 +191,5 @@ class StateReader {
 /// A float or an int as a double; nullopt for other types.
 std::optional<double> as_double(const c10::IValue& value);
 
-} // namespace lamp::optim::detail
+} // namespace detail
+} // namespace lamp::optim
