@@ -43,25 +43,17 @@ StepLR::StepLR(
 }
 
 std::vector<double> StepLR::get_lr() {
-  auto lrs = group_lrs();
   if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) {
-    return lrs;
+    return group_lrs();
   }
-  for (auto& lr : lrs) {
-    lr = lr * gamma_;
-  }
-  return lrs;
+  return detail::times(group_lrs(), gamma_);
 }
 
 std::optional<std::vector<double>> StepLR::get_closed_form_lr() const {
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(
-        base_lr *
-        std::pow(
-            gamma_, static_cast<double>(floor_div(last_epoch_, step_size_))));
-  }
-  return out;
+  return detail::times(
+      base_lrs_,
+      std::pow(
+          gamma_, static_cast<double>(floor_div(last_epoch_, step_size_))));
 }
 
 std::vector<LRScheduler::StateField> StepLR::state_fields() {
@@ -93,18 +85,15 @@ MultiStepLR::MultiStepLR(
 }
 
 std::vector<double> MultiStepLR::get_lr() {
-  auto lrs = group_lrs();
   auto it = std::find_if(
       milestones_.begin(), milestones_.end(), [&](const auto& entry) {
         return entry.first == last_epoch_;
       });
   if (it == milestones_.end()) {
-    return lrs;
+    return group_lrs();
   }
-  for (auto& lr : lrs) {
-    lr = lr * std::pow(gamma_, static_cast<double>(it->second));
-  }
-  return lrs;
+  return detail::times(
+      group_lrs(), std::pow(gamma_, static_cast<double>(it->second)));
 }
 
 std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
@@ -115,11 +104,8 @@ std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
       passed += count;
     }
   }
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(base_lr * std::pow(gamma_, static_cast<double>(passed)));
-  }
-  return out;
+  return detail::times(
+      base_lrs_, std::pow(gamma_, static_cast<double>(passed)));
 }
 
 std::vector<LRScheduler::StateField> MultiStepLR::state_fields() {
@@ -137,22 +123,12 @@ ExponentialLR::ExponentialLR(
 }
 
 std::vector<double> ExponentialLR::get_lr() {
-  auto lrs = group_lrs();
-  if (is_initial_) {
-    return lrs;
-  }
-  for (auto& lr : lrs) {
-    lr = lr * gamma_;
-  }
-  return lrs;
+  return is_initial_ ? group_lrs() : detail::times(group_lrs(), gamma_);
 }
 
 std::optional<std::vector<double>> ExponentialLR::get_closed_form_lr() const {
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(base_lr * std::pow(gamma_, static_cast<double>(last_epoch_)));
-  }
-  return out;
+  return detail::times(
+      base_lrs_, std::pow(gamma_, static_cast<double>(last_epoch_)));
 }
 
 std::vector<LRScheduler::StateField> ExponentialLR::state_fields() {
@@ -173,30 +149,22 @@ PolynomialLR::PolynomialLR(
 }
 
 std::vector<double> PolynomialLR::get_lr() {
-  auto lrs = group_lrs();
   if (is_initial_ || last_epoch_ > total_iters_) {
-    return lrs;
+    return group_lrs();
   }
   const double total = static_cast<double>(total_iters_);
   const double decay_factor = std::pow(
       (1.0 - static_cast<double>(last_epoch_) / total) /
           (1.0 - static_cast<double>(last_epoch_ - 1) / total),
       power_);
-  for (auto& lr : lrs) {
-    lr = lr * decay_factor;
-  }
-  return lrs;
+  return detail::times(group_lrs(), decay_factor);
 }
 
 std::optional<std::vector<double>> PolynomialLR::get_closed_form_lr() const {
   const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(
-        base_lr *
-        std::pow(1.0 - done / static_cast<double>(total_iters_), power_));
-  }
-  return out;
+  return detail::times(
+      base_lrs_,
+      std::pow(1.0 - done / static_cast<double>(total_iters_), power_));
 }
 
 std::vector<LRScheduler::StateField> PolynomialLR::state_fields() {

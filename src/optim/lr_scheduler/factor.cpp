@@ -197,31 +197,20 @@ ConstantLR::ConstantLR(
 }
 
 std::vector<double> ConstantLR::get_lr() {
-  auto lrs = group_lrs();
   if (last_epoch_ == 0) {
-    for (auto& lr : lrs) {
-      lr = lr * factor_;
-    }
-    return lrs;
+    return detail::times(group_lrs(), factor_);
   }
   if (last_epoch_ != total_iters_) {
-    return lrs;
+    return group_lrs();
   }
   TORCH_CHECK_VALUE(
       factor_ != 0.0, name(), ": float division by zero (factor is 0)");
-  for (auto& lr : lrs) {
-    lr = lr * (1.0 / factor_);
-  }
-  return lrs;
+  return detail::times(group_lrs(), 1.0 / factor_);
 }
 
 std::optional<std::vector<double>> ConstantLR::get_closed_form_lr() const {
   const double reached = last_epoch_ >= total_iters_ ? 1.0 : 0.0;
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(base_lr * (factor_ + reached * (1 - factor_)));
-  }
-  return out;
+  return detail::times(base_lrs_, factor_ + reached * (1 - factor_));
 }
 
 std::vector<LRScheduler::StateField> ConstantLR::state_fields() {
@@ -252,38 +241,27 @@ LinearLR::LinearLR(
 }
 
 std::vector<double> LinearLR::get_lr() {
-  auto lrs = group_lrs();
   if (last_epoch_ == 0) {
-    for (auto& lr : lrs) {
-      lr = lr * start_factor_;
-    }
-    return lrs;
+    return detail::times(group_lrs(), start_factor_);
   }
   if (is_initial_ || last_epoch_ > total_iters_) {
-    return lrs;
+    return group_lrs();
   }
   const double delta = end_factor_ - start_factor_;
   const double factor = 1.0 +
       delta /
           (static_cast<double>(total_iters_) * start_factor_ +
            static_cast<double>(last_epoch_ - 1) * delta);
-  for (auto& lr : lrs) {
-    lr = lr * factor;
-  }
-  return lrs;
+  return detail::times(group_lrs(), factor);
 }
 
 std::optional<std::vector<double>> LinearLR::get_closed_form_lr() const {
   const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(
-        base_lr *
-        (start_factor_ +
-         (end_factor_ - start_factor_) * done /
-             static_cast<double>(total_iters_)));
-  }
-  return out;
+  return detail::times(
+      base_lrs_,
+      start_factor_ +
+          (end_factor_ - start_factor_) * done /
+              static_cast<double>(total_iters_));
 }
 
 std::vector<LRScheduler::StateField> LinearLR::state_fields() {

@@ -70,6 +70,14 @@ namespace detail {
 /// Python's math.pi, for the cosine schedules (decay.cpp, cyclic.cpp).
 inline constexpr double kPi = 3.141592653589793;
 
+/// Each of `lrs` times `factor` (Python's `[lr * factor for lr in lrs]`).
+inline std::vector<double> times(std::vector<double> lrs, double factor) {
+  for (auto& lr : lrs) {
+    lr = lr * factor;
+  }
+  return lrs;
+}
+
 /// A value of a state dict as Python holds it: ints, floats, bools and strs
 /// as themselves, None for nullopt, lists as generic lists (as Python's
 /// unpickle).
