@@ -89,10 +89,12 @@ LRScheduler::StateDict with_children(
   return state;
 }
 
-// Checks each scheduler's entry of `_schedulers` in `state` through `check`
-// (LRScheduler::check_state_dict, which only the composites may call);
+// `own` (the composite's own keys, checked), then each scheduler's entry of
+// `_schedulers` in `state`, checked through `check`
+// (LRScheduler::check_state_dict, which only the composites may call):
 // returns a function that applies them all.
 std::function<void()> check_children(
+    std::function<void()> own,
     const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
     const c10::impl::GenericDict& state,
     const std::string& where,
@@ -102,7 +104,7 @@ std::function<void()> check_children(
         const std::string&)>& check) {
   const auto states = detail::StateReader(state, where)
                           .get_dict_list("_schedulers", schedulers.size());
-  std::vector<std::function<void()>> apply;
+  std::vector<std::function<void()>> apply{std::move(own)};
   for (size_t i = 0; i < schedulers.size(); ++i) {
     apply.push_back(check(
         *schedulers[i],
@@ -200,18 +202,14 @@ LRScheduler::StateDict SequentialLR::state_dict() const {
 std::function<void()> SequentialLR::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  auto apply = LRScheduler::check_state_dict(state, where);
-  auto children = check_children(
+  return check_children(
+      LRScheduler::check_state_dict(state, where),
       schedulers_,
       state,
       where,
       [](LRScheduler& s, const auto& d, const std::string& w) {
         return s.check_state_dict(d, w);
       });
-  return [apply = std::move(apply), children = std::move(children)] {
-    apply();
-    children();
-  };
 }
 
 // --------------------------------------------------------- ChainedScheduler
@@ -245,17 +243,16 @@ LRScheduler::StateDict ChainedScheduler::state_dict() const {
 std::function<void()> ChainedScheduler::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  auto apply = LRScheduler::check_state_dict(state, where);
-  auto children = check_children(
+  auto apply = check_children(
+      LRScheduler::check_state_dict(state, where),
       schedulers_,
       state,
       where,
       [](LRScheduler& s, const auto& d, const std::string& w) {
         return s.check_state_dict(d, w);
       });
-  return [this, apply = std::move(apply), children = std::move(children)] {
+  return [this, apply = std::move(apply)] {
     apply();
-    children();
     last_epoch_ = schedulers_.back()->last_epoch();
   };
 }
