@@ -29,7 +29,6 @@ namespace lamp {
 // killed mid-write leaves a temporary file, never a torn checkpoint (Note
 // [Atomic checkpoint files]).
 struct CheckpointManager::Pending {
-  std::string path;
   std::thread thread;
   std::string error; // written by the thread, read after join
 };
@@ -153,7 +152,6 @@ std::string CheckpointManager::save(const TrainingState& state, int64_t step) {
   }
   auto dict = detail::detach_from_live_tensors(*snapshot.dict);
   pending_ = std::make_unique<Pending>();
-  pending_->path = path;
   // NOTE: the thread owns copies of what it uses (not `this`): the dict, no
   // longer shared with the live state, and the folder's options.
   pending_->thread = std::thread([dict = std::move(dict),
