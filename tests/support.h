@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "oracle_client.h"
+
 // Set by tests/CMakeLists.txt: the python whose torch is lamp's LibTorch (""
 // when there is none) and the folder of the oracle scripts.
 #ifndef LAMP_TEST_PYTHON
@@ -40,12 +42,22 @@ inline bool have_python_oracle() {
 
 /// Runs `python tests/<script> <args>` with the Python torch that matches
 /// lamp's LibTorch and returns its standard output. Fails the test (via
-/// exception) when the script fails.
+/// exception) when the script fails. On the oracle server when CTest runs
+/// one (see Note [Python oracle server]).
 inline std::string run_python_oracle(
     const std::string& script,
     const std::string& args) {
-  const std::string command = std::string("\"") + LAMP_TEST_PYTHON + "\" \"" +
-      LAMP_TEST_SOURCE_DIR + "/" + script + "\" " + args;
+  const std::string path = std::string(LAMP_TEST_SOURCE_DIR) + "/" + script;
+  if (auto run = run_on_oracle_server(path, args)) {
+    if (run->status != 0) {
+      throw std::runtime_error(
+          "oracle failed (status " + std::to_string(run->status) +
+          ", on the oracle server): " + path + " " + args);
+    }
+    return std::move(run->out);
+  }
+  const std::string command =
+      std::string("\"") + LAMP_TEST_PYTHON + "\" \"" + path + "\" " + args;
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(
       popen(command.c_str(), "r"), pclose);
   if (!pipe) {

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -391,7 +392,9 @@ c10::intrusive_ptr<c10d::Store> rendezvous(
             : ". Did every rank start, with the same MASTER_ADDR and "
               "MASTER_PORT?");
   }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
+  // NOTE: a throw, not TORCH_INTERNAL_ASSERT(false): unoptimised, GCC does
+  // not see that the assert never returns (-Wreturn-type).
+  throw std::logic_error("lamp::dist::rendezvous: unreachable");
 }
 
 } // namespace lamp::dist
