@@ -116,6 +116,16 @@ LAMP_API void clip_grads_with_norm_(
 /// `error_if_nonfinite = false`, never synchronises, so it can be captured
 /// in a CUDA graph. CPU results are bitwise Python's.
 ///
+/// `foreach` as in `get_total_norm`, with one addition: left at nullopt,
+/// with `norm_type` 2 and `error_if_nonfinite` false, CUDA gradients (one
+/// device; fp32, fp16 or bf16; dense; up to 176 of them) are clipped by
+/// lamp's own two kernels, a sum of squares and a scale, instead of ATen's
+/// seven or eight (`_foreach_norm`, the norm of the norms, the coefficient's
+/// arithmetic, `_foreach_mul_`): a graphed step pays each kernel's launch.
+/// They sum in fp32 in another order, so the norm and the gradients equal
+/// Python's within fp32 rounding rather than bit for bit; pass
+/// `foreach = true` for Python's kernels exactly.
+///
 /// With `GradScaler`, clip between `unscale_` and `step`, as in Python. On
 /// an overflowing step the unscaled gradients hold inf/NaN, the total norm
 /// is inf (or NaN), the factor is 0 (or NaN), so clipping turns the inf

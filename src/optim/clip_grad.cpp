@@ -1,5 +1,6 @@
 #include <lamp/clip_grad.h>
 
+#include "fused_clip_grad.h"
 #include "multi_tensor.h"
 #include "python_repr.h"
 
@@ -35,10 +36,18 @@
 // - Python's `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__,
 //   which is `reciprocal() * max_norm`, not a division;
 // - scalars are passed as doubles, as Python passes its floats.
-// The only departure: during CUDA graph capture, the in-place foreach ops
-// (the clip's multiplication and clamps) get their tensors in slices
-// through detail::launch_multi_tensor. Same elements, same arithmetic, same
-// results; never the norms, whose sums slicing would reorder.
+// Departures:
+// - during CUDA graph capture, the in-place foreach ops (the clip's
+//   multiplication and clamps) get their tensors in slices through
+//   detail::launch_multi_tensor. Same elements, same arithmetic, same
+//   results; never the norms, whose sums slicing would reorder;
+// - clip_grad_norm_ with foreach left to lamp (nullopt), norm_type 2 and no
+//   error_if_nonfinite, on CUDA gradients that detail::fused_clip_grad_norm_
+//   takes, runs in two kernels instead of seven or eight (the norm's sums
+//   of squares in another order: Python's result within fp32 rounding, not
+//   bitwise). In a graphed step each kernel costs its launch; Python picks
+//   its fastest implementation for foreach=None too. foreach=true gives
+//   Python's kernels, bit for bit.
 
 namespace lamp {
 namespace {
@@ -219,6 +228,14 @@ torch::Tensor clip_grad_norm_(
     double norm_type,
     bool error_if_nonfinite,
     std::optional<bool> foreach) {
+  // See Note [Clipping as Python clips] for this departure.
+  if (!foreach.has_value() && norm_type == 2.0 && !error_if_nonfinite) {
+    torch::NoGradGuard no_grad;
+    if (auto norm =
+            detail::fused_clip_grad_norm_(grads_of(parameters), max_norm)) {
+      return *norm;
+    }
+  }
   auto total_norm = get_total_norm(
       grads_of(parameters), norm_type, error_if_nonfinite, foreach);
   clip_grads_with_norm_(parameters, max_norm, total_norm, foreach);

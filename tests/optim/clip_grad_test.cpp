@@ -782,6 +782,109 @@ TEST_F(ClipGradGpu, GraphedClipGradValueStepMatchesEager) {
   expect_graphed_clipping_matches_eager(/*by_value=*/true);
 }
 
+// Parameters whose gradients are views at odd offsets of one buffer (dense
+// but not 16-byte aligned), of several sizes, in `dtypes` by turns.
+std::vector<torch::Tensor> odd_params(
+    const std::vector<torch::Dtype>& dtypes,
+    const std::vector<int64_t>& sizes,
+    double magnitude) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto dtype = dtypes[i % dtypes.size()];
+    auto buffer = torch::randn({sizes[i] + 3}, torch::kCUDA) * magnitude;
+    auto p = torch::zeros({sizes[i]}, torch::kCUDA).to(dtype);
+    p.mutable_grad() = buffer.to(dtype).narrow(0, i % 4, sizes[i]);
+    params.push_back(p);
+  }
+  return params;
+}
+
+std::vector<torch::Tensor> copied(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) {
+    auto q = p.detach().clone();
+    q.mutable_grad() = p.grad().clone();
+    out.push_back(q);
+  }
+  return out;
+}
+
+// lamp's two kernels (foreach nullopt) against ATen's foreach kernels
+// (foreach true: Python's, bit for bit), on the same gradients.
+TEST_F(ClipGradGpu, TwoKernelClipEqualsPythonsKernelsWithinRounding) {
+  using torch::kBFloat16, torch::kFloat, torch::kHalf;
+  struct Case {
+    std::vector<torch::Dtype> dtypes;
+    double rtol; // of the norm and of each gradient's largest element
+  };
+  const std::vector<Case> cases{
+      {{kFloat}, 2e-6},
+      {{kHalf}, 5e-3},
+      {{kBFloat16}, 4e-2},
+      {{kFloat, kHalf}, 5e-3},
+      {{kBFloat16, kFloat, kHalf}, 4e-2}};
+  // One tensor of 5 elements, odd sizes, and one of 20 M elements: more
+  // than 2,048 blocks of the smallest chunk, so chunks grow.
+  const std::vector<int64_t> sizes{5, 1, 4097, 300001, 20000003, 77, 65536};
+  for (const auto& c : cases) {
+    for (const double max_norm : {1e9, 10.0}) { // not clipped, clipped
+      const std::string what = "dtypes " + std::to_string(c.dtypes.size()) +
+          " first " + c10::toString(c.dtypes[0]) + " max_norm " +
+          std::to_string(max_norm);
+      auto ours = odd_params(c.dtypes, sizes, 0.01);
+      auto aten = copied(ours);
+      const auto norm = lamp::clip_grad_norm_(ours, max_norm);
+      const auto expected =
+          lamp::clip_grad_norm_(aten, max_norm, 2.0, false, true);
+      EXPECT_EQ(norm.scalar_type(), expected.scalar_type()) << what;
+      EXPECT_EQ(norm.dim(), 0) << what;
+      EXPECT_TRUE(norm.is_cuda()) << what;
+      expect_close(norm, expected, c.rtol, what + ": norm");
+      for (size_t k = 0; k < ours.size(); ++k) {
+        expect_close(
+            ours[k].grad(),
+            aten[k].grad(),
+            c.rtol,
+            what + ": grad " + std::to_string(k));
+      }
+      // Deterministic: the same sums in the same order every time.
+      auto again = odd_params(c.dtypes, sizes, 0.01);
+      EXPECT_TRUE(torch::equal(lamp::clip_grad_norm_(again, max_norm), norm))
+          << what;
+      for (size_t k = 0; k < ours.size(); ++k) {
+        EXPECT_TRUE(torch::equal(again[k].grad(), ours[k].grad())) << what;
+      }
+    }
+  }
+}
+
+TEST_F(ClipGradGpu, TwoKernelClipOfNonFiniteAndEmptyGradients) {
+  // NaN anywhere: NaN norm, every gradient NaN (as Python: NaN factor).
+  auto params = odd_params({torch::kFloat}, {10, 1000}, 1.0);
+  params[1].grad()[7] = NAN;
+  const auto norm = lamp::clip_grad_norm_(params, 1.0);
+  EXPECT_TRUE(std::isnan(norm.item<float>()));
+  EXPECT_TRUE(torch::isnan(params[0].grad()).all().item<bool>());
+  // Only empty gradients: norm 0 in their dtype, as Python's.
+  auto empty = odd_params({torch::kHalf}, {0, 0}, 1.0);
+  auto aten = copied(empty);
+  const auto zero = lamp::clip_grad_norm_(empty, 1.0);
+  const auto expected = lamp::clip_grad_norm_(aten, 1.0, 2.0, false, true);
+  EXPECT_EQ(zero.scalar_type(), expected.scalar_type());
+  EXPECT_EQ(zero.item<float>(), 0.f);
+  EXPECT_EQ(expected.item<float>(), 0.f);
+  // More tensors than one launch takes: ATen's kernels, bit for bit.
+  auto many = odd_params({torch::kFloat}, std::vector<int64_t>(200, 33), 1.0);
+  auto many_aten = copied(many);
+  EXPECT_TRUE(torch::equal(
+      lamp::clip_grad_norm_(many, 1.0),
+      lamp::clip_grad_norm_(many_aten, 1.0, 2.0, false, true)));
+  for (size_t k = 0; k < many.size(); ++k) {
+    EXPECT_TRUE(torch::equal(many[k].grad(), many_aten[k].grad())) << k;
+  }
+}
+
 #else
 
 TEST_F(ClipGradGpu, NeedsACudaBuild) {

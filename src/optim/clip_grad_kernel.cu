@@ -1,0 +1,323 @@
+#include "clip_grad_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace lamp::detail {
+namespace {
+
+constexpr int kThreads = 512;
+// NOTE: at most this many blocks share the tensors (a block loops over a
+// chunk of 16-byte vectors), so that the second kernel can afford to sum
+// every first-kernel block's partial in every block: 8 KB of L2 reads a
+// block, and no counter or memset to find "the last block" (a graphed step
+// pays ~2 us a node).
+constexpr int64_t kTargetBlocks = 2048;
+constexpr int64_t kMinChunk = int64_t{16} * kThreads * 4; // bytes
+
+// Where one thread block works: [lo, hi) of tensor t and its
+// 16-byte-aligned middle [vector_lo, vector_hi).
+struct Span {
+  int t;
+  uintptr_t lo, hi, vector_lo, vector_hi;
+};
+
+__device__ Span span_of(const ClipList& list, int64_t chunk) {
+  const int block = static_cast<int>(blockIdx.x);
+  static_assert(ClipList::kMax <= 256, "the search below takes 8 steps");
+  int t = 0; // the last tensor whose first block is <= block
+  for (int step = 128; step > 0; step /= 2) {
+    if (t + step < list.count && list.first_block[t + step] <= block) {
+      t += step;
+    }
+  }
+  Span s;
+  s.t = t;
+  const auto begin = reinterpret_cast<uintptr_t>(list.data[t]);
+  const uintptr_t end = begin + list.bytes[t];
+  const uintptr_t grid = (begin & ~uintptr_t{15}) +
+      static_cast<uintptr_t>(block - list.first_block[t]) * chunk;
+  s.lo = grid > begin ? grid : begin;
+  s.hi = grid + chunk < end ? grid + chunk : end;
+  s.vector_lo = (s.lo + 15) & ~uintptr_t{15};
+  s.vector_hi = s.hi & ~uintptr_t{15};
+  if (s.vector_lo >= s.vector_hi) { // less than one aligned vector
+    s.vector_lo = s.hi;
+    s.vector_hi = s.hi;
+  }
+  return s;
+}
+
+__device__ float load(uintptr_t address, ClipFormat f) {
+  switch (f) {
+    case ClipFormat::kFloat:
+      return *reinterpret_cast<const float*>(address);
+    case ClipFormat::kHalf:
+      return __half2float(*reinterpret_cast<const __half*>(address));
+    default:
+      return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(address));
+  }
+}
+
+__device__ void store(uintptr_t address, ClipFormat f, float v) {
+  switch (f) {
+    case ClipFormat::kFloat:
+      *reinterpret_cast<float*>(address) = v;
+      break;
+    case ClipFormat::kHalf:
+      *reinterpret_cast<__half*>(address) = __float2half_rn(v);
+      break;
+    default:
+      *reinterpret_cast<__nv_bfloat16*>(address) = __float2bfloat16_rn(v);
+  }
+}
+
+// The elements of one 16-byte vector as floats: 4 (fp32) or 8.
+template <ClipFormat F>
+struct Vector {
+  static constexpr int kN = F == ClipFormat::kFloat ? 4 : 8;
+  float v[kN];
+};
+
+template <ClipFormat F>
+__device__ Vector<F> unpack(const uint4& w) {
+  Vector<F> out;
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (F == ClipFormat::kFloat) {
+      out.v[i] = __uint_as_float(words[i]);
+    } else {
+      const auto lo = static_cast<unsigned short>(words[i] & 0xffffu);
+      const auto hi = static_cast<unsigned short>(words[i] >> 16);
+      if constexpr (F == ClipFormat::kHalf) {
+        out.v[2 * i] = __half2float(__ushort_as_half(lo));
+        out.v[2 * i + 1] = __half2float(__ushort_as_half(hi));
+      } else {
+        out.v[2 * i] = __bfloat162float(__ushort_as_bfloat16(lo));
+        out.v[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+      }
+    }
+  }
+  return out;
+}
+
+template <ClipFormat F>
+__device__ uint4 pack(const Vector<F>& x) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (F == ClipFormat::kFloat) {
+      words[i] = __float_as_uint(x.v[i]);
+    } else if constexpr (F == ClipFormat::kHalf) {
+      words[i] = __half_as_ushort(__float2half_rn(x.v[2 * i])) |
+          (uint32_t{__half_as_ushort(__float2half_rn(x.v[2 * i + 1]))} << 16);
+    } else {
+      words[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x.v[2 * i])) |
+          (uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(x.v[2 * i + 1]))}
+           << 16);
+    }
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// This thread's sum of squares over the block's span.
+template <ClipFormat F>
+__device__ float sum_squares(const Span& s) {
+  constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
+  const auto thread = static_cast<uintptr_t>(threadIdx.x);
+  float sum = 0.f;
+  for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
+       a += kThreads * kBytes) {
+    const float x = load(a, F);
+    sum += x * x;
+  }
+  for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
+       a += kThreads * kBytes) {
+    const float x = load(a, F);
+    sum += x * x;
+  }
+  for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
+       a += kThreads * 16) {
+    const auto x = unpack<F>(__ldcg(reinterpret_cast<const uint4*>(a)));
+#pragma unroll
+    for (int i = 0; i < Vector<F>::kN; ++i) {
+      sum += x.v[i] * x.v[i];
+    }
+  }
+  return sum;
+}
+
+// Multiplies the block's span by `coef`.
+template <ClipFormat F>
+__device__ void scale(const Span& s, float coef) {
+  constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
+  const auto thread = static_cast<uintptr_t>(threadIdx.x);
+  for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
+       a += kThreads * kBytes) {
+    store(a, F, load(a, F) * coef);
+  }
+  for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
+       a += kThreads * kBytes) {
+    store(a, F, load(a, F) * coef);
+  }
+  for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
+       a += kThreads * 16) {
+    auto* p = reinterpret_cast<uint4*>(a);
+    auto x = unpack<F>(__ldcg(p));
+#pragma unroll
+    for (int i = 0; i < Vector<F>::kN; ++i) {
+      x.v[i] *= coef;
+    }
+    *p = pack<F>(x);
+  }
+}
+
+// The block's sum of `value` over its threads, in a fixed order.
+__device__ float block_sum(float value) {
+  __shared__ float warps[kThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value += __shfl_down_sync(0xffffffffu, value, offset);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    warps[warp] = value;
+  }
+  __syncthreads();
+  value = lane < kThreads / 32 ? warps[lane] : 0.f;
+  if (warp == 0) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      value += __shfl_down_sync(0xffffffffu, value, offset);
+    }
+  }
+  __syncthreads(); // `warps` may be used again
+  return value; // thread 0's is the sum
+}
+
+// First kernel: each block's sum of squares, in partials[block].
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_kernel(ClipList list, int64_t chunk, float* partials) {
+  const Span s = span_of(list, chunk);
+  // NOTE: a block's span is in one tensor, so the branch is uniform.
+  float sum;
+  switch (list.format[s.t]) {
+    case ClipFormat::kFloat:
+      sum = sum_squares<ClipFormat::kFloat>(s);
+      break;
+    case ClipFormat::kHalf:
+      sum = sum_squares<ClipFormat::kHalf>(s);
+      break;
+    default:
+      sum = sum_squares<ClipFormat::kBFloat16>(s);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = sum;
+  }
+}
+
+// Second kernel: every block sums all partials (the same sum in every
+// block), block 0 writes the norm, and each block scales its span.
+__global__ void __launch_bounds__(kThreads) scale_kernel(
+    ClipList list,
+    int64_t chunk,
+    const float* partials,
+    int blocks,
+    float max_norm,
+    void* norm_out,
+    ClipFormat norm_format) {
+  __shared__ float coef_shared;
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < blocks; i += kThreads) {
+    sum += __ldcg(partials + i);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    const float norm = sqrtf(sum);
+    // Python: (total_norm + 1e-6).reciprocal() * max_norm, clamped to 1
+    // (a NaN stays NaN, as at::clamp keeps it).
+    const float coef = (1.f / (norm + 1e-6f)) * max_norm;
+    coef_shared = coef > 1.f ? 1.f : coef;
+    if (blockIdx.x == 0) {
+      store(reinterpret_cast<uintptr_t>(norm_out), norm_format, norm);
+    }
+  }
+  __syncthreads();
+  const float coef = coef_shared;
+  const Span s = span_of(list, chunk);
+  switch (list.format[s.t]) {
+    case ClipFormat::kFloat:
+      scale<ClipFormat::kFloat>(s, coef);
+      break;
+    case ClipFormat::kHalf:
+      scale<ClipFormat::kHalf>(s, coef);
+      break;
+    default:
+      scale<ClipFormat::kBFloat16>(s, coef);
+  }
+}
+
+int64_t span_bytes(const ClipList& list, int t) {
+  const auto begin = reinterpret_cast<uintptr_t>(list.data[t]);
+  return static_cast<int64_t>(begin + list.bytes[t] - (begin & ~uintptr_t{15}));
+}
+
+int64_t chunk_of(const ClipList& list) {
+  int64_t total = 0;
+  for (int t = 0; t < list.count; ++t) {
+    total += span_bytes(list, t);
+  }
+  int64_t chunk = (total + kTargetBlocks - 1) / kTargetBlocks;
+  chunk = (chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
+  return chunk < kMinChunk ? kMinChunk : chunk;
+}
+
+} // namespace
+
+int64_t clip_grad_norm_blocks(const ClipList& list) {
+  const int64_t chunk = chunk_of(list);
+  int64_t blocks = 0;
+  for (int t = 0; t < list.count; ++t) {
+    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
+  }
+  return blocks;
+}
+
+cudaError_t launch_clip_grad_norm(
+    ClipList& list,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    float* partials,
+    cudaStream_t stream) {
+  if (list.count == 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t chunk = chunk_of(list);
+  int64_t blocks = 0;
+  for (int t = 0; t < list.count; ++t) {
+    list.first_block[t] = static_cast<int32_t>(blocks);
+    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
+  }
+  const auto grid = static_cast<unsigned>(blocks);
+  sum_squares_kernel<<<grid, kThreads, 0, stream>>>(list, chunk, partials);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    return error;
+  }
+  // NOTE: max_norm is rounded to fp32 as Python's `tensor * float` rounds
+  // it for an fp32 tensor.
+  scale_kernel<<<grid, kThreads, 0, stream>>>(
+      list,
+      chunk,
+      partials,
+      static_cast<int>(blocks),
+      static_cast<float>(max_norm),
+      norm,
+      norm_format);
+  return cudaGetLastError();
+}
+
+} // namespace lamp::detail

@@ -1,0 +1,45 @@
+#pragma once
+
+// Internal: clip_grad_norm_ (2-norm) over many gradient tensors in two
+// kernels. Plain CUDA, no LibTorch types, so nvcc compiles it without
+// LibTorch's headers; src/optim/fused_clip_grad.cpp is its caller.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace lamp::detail {
+
+enum class ClipFormat : uint8_t { kFloat, kHalf, kBFloat16 };
+
+// Up to kMax tensors, each `bytes` long from `data` (dense: every byte of the
+// range is an element's), each in its own format. Passed by value as the
+// kernels' argument, so it must stay below CUDA's 4 KB parameter limit.
+struct ClipList {
+  static constexpr int kMax = 176; // ResNet-50 has 161 parameters
+  void* data[kMax];
+  int64_t bytes[kMax];
+  // The first thread block of each tensor (launch_clip_grad_norm sets them).
+  int32_t first_block[kMax];
+  ClipFormat format[kMax];
+  int count = 0;
+};
+
+// The total 2-norm of the tensors in `list` (fp32 sums of squares), written
+// to *norm in `norm_format`, and every element multiplied by
+// min(max_norm / (norm + 1e-6), 1) computed in fp32 as Python's
+// clip_grad_norm_ computes it for fp32 tensors (a NaN or inf norm gives a
+// NaN or 0 coefficient, as there). `partials` holds `max_blocks` floats of
+// scratch. Deterministic: the same sums in the same order on every call.
+cudaError_t launch_clip_grad_norm(
+    ClipList& list,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    float* partials,
+    cudaStream_t stream);
+
+// The scratch `partials` needs for `list`: one float a thread block.
+int64_t clip_grad_norm_blocks(const ClipList& list);
+
+} // namespace lamp::detail
