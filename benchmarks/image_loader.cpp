@@ -7,7 +7,7 @@
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
 //                [--no-partial-decode] [--threads 16] [--stage-threads 2]
-//                [--decode-nice 5]
+//                [--decode-nice 5] [--dct-downscale]
 //                [--batch-size 256]
 //                [--batches 200]
 //
@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   std::string device = "cuda";
   std::string decode = "auto";
   bool whole = false;
+  bool dct_downscale = false;
   int64_t threads = 16;
   int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
@@ -65,6 +66,10 @@ int main(int argc, char** argv) {
       "--gpu-decode", [&] { decode = "gpu"; }, "the same as --decode gpu");
   app.add_flag(
       "--no-partial-decode", whole, "decode whole JPEGs, not just the crop");
+  app.add_flag(
+      "--dct-downscale",
+      dct_downscale,
+      "decode JPEGs whose crop is >= 2x the output reduced (Pillow's draft)");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
   app.add_option("--decode-nice", decode_nice, "decode threads' nice offset")
       ->capture_default_str();
@@ -95,6 +100,7 @@ int main(int argc, char** argv) {
                   : decode == "gpu" ? lamp::data::ImageDecode::kGpu
                                     : lamp::data::ImageDecode::kAuto)
           .partial_decode(!whole)
+          .dct_downscale(dct_downscale)
           .drop_last(true));
   int64_t epoch = 0;
   loader.set_epoch(epoch);
@@ -141,12 +147,13 @@ int main(int argc, char** argv) {
   }
 #endif
   std::printf(
-      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, "
+      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, \"dct_downscale\": %s, "
       "\"threads\": %lld, \"stage_threads\": %lld, \"decode_nice\": %d, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
       "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
+      dct_downscale ? "true" : "false",
       static_cast<long long>(threads),
       static_cast<long long>(stage_threads),
       decode_nice,

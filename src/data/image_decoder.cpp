@@ -98,10 +98,18 @@ std::string decode_image_region(
     const std::string& name,
     const ImageHeader& header,
     const CropBox& region,
-    uint8_t* out) {
-  check_box_inside(region, header.height, header.width, "decode_image_region");
+    uint8_t* out,
+    int scale) {
+  TORCH_CHECK(
+      scale == 1 || header.format == ImageFormat::kJpeg,
+      "decode_image_region: only a JPEG can be decoded reduced");
+  check_box_inside(
+      region,
+      scaled_extent(header.height, scale),
+      scaled_extent(header.width, scale),
+      "decode_image_region");
   if (header.format == ImageFormat::kJpeg) {
-    const std::string why = decode_jpeg_region(data, size, region, out);
+    const std::string why = decode_jpeg_region(data, size, region, out, scale);
     return why.empty()
         ? why
         : bad_file(name, "a corrupt or truncated JPEG", "libjpeg", why);

@@ -34,13 +34,24 @@ std::string read_image_header(
     ImageHeader* header);
 
 /// Decodes `region` of the image (inside it; for a PNG, the whole image) to
-/// RGB rows of 3 * region.width bytes at `out`. Returns "" or what is wrong.
+/// RGB rows of 3 * region.width bytes at `out`. `scale` 2, 4 or 8 (JPEGs
+/// only) reduces the image that many times in the DCT domain first, as
+/// Pillow's draft(); `region` then lies in the reduced image,
+/// scaled_extent(header.height, scale) x scaled_extent(header.width, scale).
+/// Returns "" or what is wrong.
 std::string decode_image_region(
     const uint8_t* data,
     size_t size,
     const std::string& name,
     const ImageHeader& header,
     const CropBox& region,
-    uint8_t* out);
+    uint8_t* out,
+    int scale = 1);
+
+/// An image side of `extent` pixels reduced `scale` times in the DCT domain
+/// (libjpeg rounds up).
+inline int64_t scaled_extent(int64_t extent, int scale) {
+  return (extent + scale - 1) / scale;
+}
 
 } // namespace lamp::data::detail

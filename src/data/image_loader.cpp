@@ -38,6 +38,7 @@ ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
   recipe.ratio = o.ratio();
   recipe.seed = o.seed();
   recipe.partial_decode = o.partial_decode();
+  recipe.dct_downscale = o.dct_downscale();
   impl_->stage = std::make_unique<detail::BatchStage>(o);
   const bool pinned = o.device().is_cuda();
   impl_->ring.resize(o.prefetch() + 1);

@@ -2,6 +2,8 @@
 
 #include "jpeg_markers.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
@@ -141,6 +143,7 @@ struct Request {
   JpegInfo* info; // header only when region is null
   const CropBox* region;
   uint8_t* out;
+  int scale; // 1, 2, 4 or 8: libjpeg's scale_denom
   bool stopped_early; // out: rows after the region were not decoded
 };
 
@@ -172,6 +175,10 @@ bool run(Decompressor& d, Request& r) {
   c->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   c->dct_method = JDCT_ISLOW;
   c->do_fancy_upsampling = TRUE;
+  // Pillow's draft() sets only the scale too (its decoder's draft flag, which
+  // would pick the fast DCT, stays off).
+  c->scale_num = 1;
+  c->scale_denom = static_cast<unsigned int>(r.scale);
   jpeg_start_decompress(c);
   const CropBox& want = *r.region;
   const int64_t height = c->output_height;
@@ -215,7 +222,7 @@ bool run(Decompressor& d, Request& r) {
 
 std::string read_jpeg_info(const uint8_t* data, size_t size, JpegInfo* info) {
   Decompressor& d = thread_decompressor();
-  Request r{data, size, info, nullptr, nullptr, false};
+  Request r{data, size, info, nullptr, nullptr, 1, false};
   if (!run(d, r)) {
     std::string message = d.errors.message;
     d.remake();
@@ -228,9 +235,14 @@ std::string decode_jpeg_region(
     const uint8_t* data,
     size_t size,
     const CropBox& region,
-    uint8_t* out) {
+    uint8_t* out,
+    int scale) {
+  TORCH_CHECK(
+      scale == 1 || scale == 2 || scale == 4 || scale == 8,
+      "decode_jpeg_region: scale must be 1, 2, 4 or 8, got ",
+      scale);
   Decompressor& d = thread_decompressor();
-  Request r{data, size, nullptr, &region, out, false};
+  Request r{data, size, nullptr, &region, out, scale, false};
   if (!run(d, r)) {
     std::string message = d.errors.message;
     d.remake();

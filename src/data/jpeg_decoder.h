@@ -39,10 +39,16 @@ std::string read_jpeg_info(const uint8_t* data, size_t size, JpegInfo* info);
 /// reason. A file that ends before the region's last row is truncated;
 /// warnings about damaged data that libjpeg decodes anyway are not errors
 /// (Pillow accepts those files too).
+///
+/// `scale` 2, 4 or 8 decodes the image reduced that many times in the DCT
+/// domain (libjpeg's scale_denom; ceil(height / scale) x ceil(width /
+/// scale) pixels, as Pillow's `draft("RGB", (width // scale, height //
+/// scale))`), and `region` lies in the reduced image.
 std::string decode_jpeg_region(
     const uint8_t* data,
     size_t size,
     const CropBox& region,
-    uint8_t* out);
+    uint8_t* out,
+    int scale = 1);
 
 } // namespace lamp::data::detail

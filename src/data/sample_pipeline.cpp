@@ -4,6 +4,8 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "image_decoder_detail.h"
 
 namespace lamp::data::detail {
@@ -64,6 +66,36 @@ void transform_decoded_into(
   }
 }
 
+int dct_scale(const CropBox& box, int64_t image_size) {
+  const int64_t times = std::min(box.height, box.width) / image_size;
+  for (int scale : {8, 4, 2}) {
+    if (times >= scale) {
+      return scale;
+    }
+  }
+  return 1;
+}
+
+CropBox scaled_box(
+    const CropBox& box,
+    int scale,
+    int64_t height,
+    int64_t width) {
+  // Reduced pixel i covers full-size pixels [i * scale, (i + 1) * scale):
+  // the nearest reduced edge is off by at most half a reduced pixel.
+  const auto edge = [scale](int64_t x) {
+    return (2 * x + scale) / (2 * scale);
+  };
+  CropBox out;
+  out.top = std::min(edge(box.top), height - 1);
+  out.left = std::min(edge(box.left), width - 1);
+  out.height =
+      std::max<int64_t>(1, std::min(edge(box.top + box.height), height) - out.top);
+  out.width =
+      std::max<int64_t>(1, std::min(edge(box.left + box.width), width) - out.left);
+  return out;
+}
+
 namespace {
 
 // Reads the header, takes `given` or draws the sample's placement, decodes
@@ -84,9 +116,23 @@ std::string read_decode_transform(
   if (!problem.empty()) {
     return problem;
   }
+  const ImageHeader header_at_full_size = header;
   Placement placement = given != nullptr
       ? *given
       : place(recipe, epoch, index, header.height, header.width);
+  // A crop at least twice the output may be decoded reduced in the DCT
+  // domain (off by default: the pixels differ from a full decode's resize).
+  int scale = 1;
+  if (recipe.train && recipe.dct_downscale &&
+      header.format == ImageFormat::kJpeg) {
+    scale = dct_scale(placement.box, recipe.image_size);
+    if (scale > 1) {
+      header.height = scaled_extent(header.height, scale);
+      header.width = scaled_extent(header.width, scale);
+      placement.box =
+          scaled_box(placement.box, scale, header.height, header.width);
+    }
+  }
   // The crop's window depends only on the image's size: a JPEG's other
   // rows and columns need not be decoded at all.
   CropBox region{0, 0, header.height, header.width};
@@ -106,9 +152,10 @@ std::string read_decode_transform(
       bytes.data(),
       bytes.size(),
       path,
-      header,
+      header_at_full_size,
       region,
-      image.data_ptr<uint8_t>());
+      image.data_ptr<uint8_t>(),
+      scale);
   if (problem.empty()) {
     transform_decoded_into(recipe, placement, image, std::move(out));
   }

@@ -24,7 +24,20 @@ struct Recipe {
   uint64_t seed = 0;
   // Training: decode only the crop of a JPEG (and a margin), not all of it.
   bool partial_decode = true;
+  // Training: decode a JPEG reduced 2, 4 or 8 times in the DCT domain when
+  // its crop is at least that many times the output (as Pillow's draft()).
+  bool dct_downscale = false;
 };
+
+// The DCT-domain reduction (1, 2, 4 or 8) for a crop `box` resized to
+// `image_size`: Pillow's draft() rule for that crop, the largest of 8, 4, 2
+// that is at most min(box.height, box.width) / image_size.
+int dct_scale(const CropBox& box, int64_t image_size);
+
+// `box` of an image in the image reduced `scale` times (whose sides are
+// `height` x `width`): its edges divided by `scale` and rounded, at least a
+// pixel.
+CropBox scaled_box(const CropBox& box, int scale, int64_t height, int64_t width);
 
 // The generator of sample `index` (dataset index) in `epoch`: a fixed
 // function of (seed, epoch, index), so crops and flips do not depend on

@@ -238,6 +238,83 @@ TEST_F(ImageDecoder, ARegionEqualsTheSameRegionOfTheWholeImage) {
   EXPECT_EQ(regions, 8 * 43);
 }
 
+TEST_F(ImageDecoder, AReducedDecodeEqualsPillowsDraftAndItsRegionsTheirs) {
+  using lamp::data::detail::decode_image_region;
+  using lamp::data::detail::ImageHeader;
+  using lamp::data::detail::read_image_header;
+  using lamp::data::detail::scaled_extent;
+  auto generator = at::detail::createCPUGenerator(6);
+  int64_t checked = 0;
+  for (const char* name :
+       {"q90_420.jpg",
+        "q75_444.jpg",
+        "q95_422.jpg",
+        "progressive.jpg",
+        "odd_17x33.jpg",
+        "gray.jpg",
+        "cmyk.jpg",
+        "wide_4000.jpg"}) {
+    const auto bytes = read_file(path(name));
+    ImageHeader header;
+    ASSERT_EQ(read_image_header(bytes.data(), bytes.size(), name, &header), "");
+    for (int scale : {2, 4, 8}) {
+      const auto whole = expected(std::string(name) + "@" + std::to_string(scale));
+      const int64_t height = scaled_extent(header.height, scale);
+      const int64_t width = scaled_extent(header.width, scale);
+      ASSERT_EQ(whole.size(0), height) << name << " @" << scale;
+      ASSERT_EQ(whole.size(1), width) << name << " @" << scale;
+      std::vector<lamp::data::CropBox> boxes = {{0, 0, height, width}};
+      for (int k = 0; k < 10; ++k) {
+        boxes.push_back(
+            lamp::data::random_resized_crop_params(height, width, generator));
+      }
+      for (const auto& box : boxes) {
+        SCOPED_TRACE(
+            std::string(name) + " @" + std::to_string(scale) + " box " +
+            std::to_string(box.top) + "," + std::to_string(box.left) + " " +
+            std::to_string(box.height) + "x" + std::to_string(box.width));
+        auto out = torch::full({box.height, box.width, 3}, 7, torch::kUInt8);
+        ASSERT_EQ(
+            decode_image_region(
+                bytes.data(),
+                bytes.size(),
+                name,
+                header,
+                box,
+                out.data_ptr<uint8_t>(),
+                scale),
+            "");
+        // Same library, same scaled inverse DCT: bit for bit.
+        const auto want = whole.slice(0, box.top, box.top + box.height)
+                              .slice(1, box.left, box.left + box.width);
+        ASSERT_TRUE(torch::equal(out, want))
+            << "max difference "
+            << (out.to(torch::kInt) - want.to(torch::kInt))
+                   .abs()
+                   .max()
+                   .item<int>();
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 8 * 3 * 11);
+  // A region of the full-size image is outside the reduced one.
+  const auto bytes = read_file(path("q90_420.jpg"));
+  ImageHeader header;
+  ASSERT_EQ(read_image_header(bytes.data(), bytes.size(), "q90_420.jpg", &header), "");
+  std::vector<uint8_t> out(static_cast<size_t>(header.height * header.width * 3));
+  EXPECT_THROW(
+      decode_image_region(
+          bytes.data(),
+          bytes.size(),
+          "q90_420.jpg",
+          header,
+          {0, 0, header.height, header.width},
+          out.data(),
+          2),
+      c10::Error);
+}
+
 TEST_F(ImageDecoder, ACutFileIsTruncatedWhateverTheRegion) {
   using lamp::data::detail::decode_image_region;
   using lamp::data::detail::ImageHeader;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "data/image_loader_fixture.h"
+#include "data/sample_pipeline.h"
 #include "support.h"
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -291,6 +292,64 @@ TEST_F(ImageLoaderTest, PartialDecodeGivesTheSameBatches) {
     EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
     EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets)) << k;
   }
+}
+
+TEST_F(ImageLoaderTest, DctDownscaleOnlyWhereTheCropIsTwiceTheOutput) {
+  const auto root = make_folder("data", 2, 12, 96, 15);
+  ImageFolder folder(root);
+  // Images of 72-119 pixels: no crop is twice 60 ...
+  auto big =
+      ImageLoaderOptions().batch_size(8).image_size(60).resize_size(64).seed(4);
+  ImageLoader full(folder, big);
+  ImageLoader reduced(folder, ImageLoaderOptions(big).dct_downscale(true));
+  auto a = epoch_of(full, 0);
+  auto b = epoch_of(reduced, 0);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
+  }
+  // ... while at 16 most do (a crop of 32 pixels or more): the images
+  // differ, but only as two reductions of one picture do.
+  auto small = ImageLoaderOptions().batch_size(8).image_size(16).seed(4);
+  ImageLoader full16(folder, small);
+  ImageLoader reduced16(folder, ImageLoaderOptions(small).dct_downscale(true));
+  a = epoch_of(full16, 0);
+  b = epoch_of(reduced16, 0);
+  ASSERT_EQ(a.size(), b.size());
+  int64_t differing = 0;
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets)) << k;
+    // Normalised values (1.0 ~ 58 levels of 255), per image: the pixels of
+    // these noisy images differ by a few levels (the reduction filters
+    // differently), their colour hardly at all.
+    const auto diff = (a[k].images - b[k].images).abs().flatten(1).mean(1);
+    const auto colour = (a[k].images.mean({2, 3}) - b[k].images.mean({2, 3}))
+                            .abs()
+                            .amax(1);
+    differing += diff.gt(0).sum().item<int64_t>();
+    EXPECT_LT(diff.max().item<double>(), 0.25) << k;
+    EXPECT_LT(colour.max().item<double>(), 0.05) << k;
+  }
+  EXPECT_GT(differing, 8);
+}
+
+TEST(ImageLoaderDctScale, PillowsDraftRuleOnTheCrop) {
+  using lamp::data::detail::dct_scale;
+  using lamp::data::detail::scaled_box;
+  EXPECT_EQ(dct_scale({0, 0, 447, 1000}, 224), 1);
+  EXPECT_EQ(dct_scale({0, 0, 448, 1000}, 224), 2);
+  EXPECT_EQ(dct_scale({0, 0, 1000, 900}, 224), 4);
+  EXPECT_EQ(dct_scale({0, 0, 1792, 1792}, 224), 8);
+  EXPECT_EQ(dct_scale({0, 0, 5000, 5000}, 224), 8);
+  // Edges to the nearest reduced pixel edge, inside the reduced image.
+  const auto b = scaled_box({5, 6, 450, 451}, 2, 250, 250);
+  EXPECT_EQ(b.top, 3); // 2.5 -> 3
+  EXPECT_EQ(b.left, 3);
+  EXPECT_EQ(b.height, 228 - 3); // 227.5 -> 228
+  EXPECT_EQ(b.width, 229 - 3); // 228.5 -> 229
+  const auto edge = scaled_box({498, 498, 2, 2}, 8, 63, 63);
+  EXPECT_EQ(edge.top, 62);
+  EXPECT_EQ(edge.height, 1);
 }
 
 TEST_F(ImageLoaderTest, StopsCleanlyMidEpochAndRejectsBadOptions) {

@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi and epochs): any of build tests sets loader probe roi e2e
-# epochs, comma-separated.
+# STEPS (default all but probe, roi, epochs and dct): any of build tests sets loader probe roi
+# e2e epochs dct, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -180,5 +180,32 @@ if want epochs; then
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/ep_*.jsonl
+fi
+if want dct; then
+  # DCT-domain downscaling (--dct-downscale, off by default) A/B, same call:
+  # the loader alone on both sets, then ResNet-50 on the hard set, three
+  # epochs each way, every step timed (tools/gpu/epoch_steps.py).
+  say "dct downscale A/B"
+  for set in photo hard; do
+    for args in "--decode cpu" "--decode cpu --dct-downscale" "--decode auto" \
+        "--decode auto --dct-downscale"; do
+      timeout 60 $L --data $B/sets/$set/train --threads 16 --batches ${DCT_BATCHES:-60} $args \
+        2>> "$OUT/dct.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/dct.jsonl"
+    done
+  done
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+    --metrics "$OUT/dct_synthetic.jsonl" > "$OUT/dct_synthetic.log" 2>&1
+  for set in ${DCT_SETS:-hard}; do
+    for flag in no-dct dct-downscale; do
+      extra=""
+      [ $flag = dct-downscale ] && extra="--dct-downscale"
+      timeout 150 $R $COMMON --data $B/sets/$set --epochs ${EPOCHS:-3} --warmup 5 --workers 16 \
+        --log-every 1 $extra --metrics "$OUT/dct_${set}_$flag.jsonl" > "$OUT/dct_${set}_$flag.log" 2>&1
+      say "dct $set $flag exit $?"
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/dct_*.jsonl
 fi
 say "done"

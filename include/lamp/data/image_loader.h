@@ -123,6 +123,16 @@ struct LAMP_API ImageLoaderOptions {
   /// margin), nvJPEG the crop itself (its ROI decode); the pixels are the
   /// same. false decodes every image whole (for comparisons). Default: true.
   TORCH_ARG(bool, partial_decode) = true;
+  /// Training transform: when a JPEG's crop is at least 2, 4 or 8 times
+  /// image_size on both sides, the decode threads decode the image reduced
+  /// that many times in the DCT domain (libjpeg's scaling, as Pillow's
+  /// `draft()`; the largest factor that fits) and resize the reduced crop.
+  /// Faster on large images, but a **difference from torchvision**: the
+  /// pixels are those of a different (box-filtered) reduction, and the crop's
+  /// edges move by up to half a reduced pixel. nvJPEG has no such scaling:
+  /// under kAuto and kGpu the GPU's rows are decoded at full size. Default:
+  /// false.
+  TORCH_ARG(bool, dct_downscale) = false;
   /// Skip images that cannot be decoded (a corrupt, truncated or unsupported
   /// file; counted, warned once) instead of throwing; the batch holding one
   /// is that much shorter. Reading a file (an I/O error) and everything else
