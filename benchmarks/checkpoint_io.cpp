@@ -7,6 +7,7 @@
 // once the state is copied to host memory) and the write behind it.
 //
 //   checkpoint_io [--device cuda] [--dir /tmp] [--repeats 5]
+//                 [--load-repeats N] [--no-async]   (N loads: for profiling)
 
 #include <lamp/lamp.h>
 
@@ -46,12 +47,17 @@ int main(int argc, char** argv) {
   std::string device_name = "cuda";
   std::string dir = "/tmp";
   int64_t repeats = 5;
+  int64_t load_repeats = 0; // 0: repeats
+  bool no_async = false;
   CLI::App app{"Time save_checkpoint / load_checkpoint of ResNet-50 + Adam"};
   app.add_option("--device", device_name)
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--dir", dir, "folder for the checkpoint file")
       ->capture_default_str();
   app.add_option("--repeats", repeats)->check(CLI::PositiveNumber);
+  app.add_option("--load-repeats", load_repeats, "loads timed (default: --repeats)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-async", no_async, "skip the background save's timing");
   CLI11_PARSE(app, argc, argv);
   if (device_name == "cuda" && !torch::cuda::is_available()) {
     std::fprintf(stderr, "checkpoint_io: no CUDA device\n");
@@ -80,7 +86,7 @@ int main(int argc, char** argv) {
   const auto path = dir + "/lamp_checkpoint_io.pt";
   const double save =
       median_ms(repeats, [&] { lamp::save_checkpoint(state, path, step); });
-  const double load = median_ms(repeats, [&] {
+  const double load = median_ms(load_repeats > 0 ? load_repeats : repeats, [&] {
     lamp::load_checkpoint(state, path);
     if (device.is_cuda()) {
       torch::cuda::synchronize();
@@ -94,7 +100,7 @@ int main(int argc, char** argv) {
       async_dir,
       lamp::CheckpointManagerOptions().keep_last(1).async_save(true));
   std::vector<double> pause, behind;
-  for (int64_t i = 0; i < repeats; ++i) {
+  for (int64_t i = 0; i < (no_async ? 0 : repeats); ++i) {
     auto start = std::chrono::steady_clock::now();
     manager.save(state, step + i);
     pause.push_back(std::chrono::duration<double, std::milli>(
@@ -121,6 +127,9 @@ int main(int argc, char** argv) {
       save,
       load,
       static_cast<long long>(repeats));
+  if (pause.empty()) {
+    return 0;
+  }
   std::printf(
       "async_save: save() returns after %.1f ms (the copy to host memory), "
       "the file is written %.1f ms later (medians)\n",

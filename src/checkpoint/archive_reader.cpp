@@ -6,6 +6,7 @@
 // would cross files.
 
 #include "archive.h"
+#include "member_reader.h"
 #include "zip_index.h"
 
 #include <ATen/core/Dict.h>
@@ -14,11 +15,13 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -73,11 +76,13 @@ class Reader {
       std::string path,
       std::string pickle,
       caffe2::serialize::PyTorchStreamReader& zip,
-      std::map<std::string, uint32_t> crcs)
+      std::map<std::string, uint32_t> crcs,
+      std::map<std::string, c10::Storage> records)
       : path_(std::move(path)),
         data_(std::move(pickle)),
         zip_(zip),
-        crcs_(std::move(crcs)) {}
+        crcs_(std::move(crcs)),
+        records_(std::move(records)) {}
 
   c10::IValue run() {
     while (true) {
@@ -223,6 +228,14 @@ class Reader {
     item.dtype = dtype->second;
     const auto key = e[2].toStringRef();
     auto it = storages_.find(key);
+    if (it == storages_.end()) {
+      const std::string record = "data/" + key;
+      // Read (and checked) already, in parallel: see read_torch_archive.
+      if (auto read = records_.find(record); read != records_.end()) {
+        it = storages_.emplace(key, std::move(read->second)).first;
+        records_.erase(read);
+      }
+    }
     if (it == storages_.end()) {
       const std::string record = "data/" + key;
       if (!zip_.hasRecord(record)) {
@@ -557,6 +570,7 @@ class Reader {
   size_t pos_ = 0;
   caffe2::serialize::PyTorchStreamReader& zip_;
   std::map<std::string, uint32_t> crcs_;
+  std::map<std::string, c10::Storage> records_; // "data/<key>" → its bytes
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
   std::map<uint64_t, Item> memo_;
@@ -571,8 +585,12 @@ c10::IValue read_torch_archive(const std::string& path) {
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
   std::string pickle;
   std::map<std::string, uint32_t> crcs;
+  std::map<std::string, ZipMember> members;
   try {
-    crcs = zip_crcs(path);
+    members = zip_members(path);
+    for (const auto& [name, member] : members) {
+      crcs[name] = member.crc;
+    }
     zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
     TORCH_CHECK(zip->hasRecord("data.pkl"), "no data.pkl record");
     auto [data, size] = zip->getRecord("data.pkl");
@@ -589,7 +607,24 @@ c10::IValue read_torch_archive(const std::string& path) {
         e.what_without_backtrace());
   }
   try {
-    return Reader(path, std::move(pickle), *zip, std::move(crcs)).run();
+    // Every tensor record at once, by several threads (the unpickler then
+    // only looks them up); a compressed one is read when it is met.
+    std::vector<std::string> names;
+    for (const auto& [name, member] : members) {
+      if (name.rfind("data/", 0) == 0) {
+        names.push_back(name);
+      }
+    }
+    const int threads = static_cast<int>(
+        std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+    auto records = read_stored_members(path, members, names, threads);
+    return Reader(
+               path,
+               std::move(pickle),
+               *zip,
+               std::move(crcs),
+               std::move(records))
+        .run();
   } catch (const c10::Error& e) {
     // Record reads (tensor data) fail inside the reader: name the file.
     const std::string what = e.what_without_backtrace();

@@ -37,7 +37,7 @@ constexpr uint32_t kEntry = 0x02014b50; // central directory entry
 
 } // namespace
 
-std::map<std::string, uint32_t> zip_crcs(const std::string& path) {
+std::map<std::string, ZipMember> zip_members(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   TORCH_CHECK(in, "cannot open the file");
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -70,19 +70,51 @@ std::map<std::string, uint32_t> zip_crcs(const std::string& path) {
       dir_offset + dir_size <= size,
       "zip directory out of bounds (truncated?)");
   const auto dir = read_at(in, dir_offset, dir_size);
-  std::map<std::string, uint32_t> out;
+  std::map<std::string, ZipMember> out;
   size_t at = 0;
   for (uint64_t e = 0; e < entries; ++e) {
     TORCH_CHECK(field(dir, at, 4) == kEntry, "malformed zip directory");
-    const auto crc = static_cast<uint32_t>(field(dir, at + 16, 4));
+    ZipMember m;
+    m.crc = static_cast<uint32_t>(field(dir, at + 16, 4));
+    m.method = static_cast<uint16_t>(field(dir, at + 10, 2));
+    m.compressed_size = field(dir, at + 20, 4);
+    m.size = field(dir, at + 24, 4);
+    m.header_offset = field(dir, at + 42, 4);
     const auto name_size = field(dir, at + 28, 2);
     const auto extra_size = field(dir, at + 30, 2);
     const auto comment_size = field(dir, at + 32, 2);
-    TORCH_CHECK(at + 46 + name_size <= dir.size(), "malformed zip directory");
+    TORCH_CHECK(
+        at + 46 + name_size + extra_size <= dir.size(),
+        "malformed zip directory");
     std::string name(dir.data() + at + 46, name_size);
+    // Zip64: a field of all ones is in the extra field 0x0001, which holds
+    // those fields only, in this order.
+    for (size_t x = at + 46 + name_size; x + 4 <= at + 46 + name_size + extra_size;) {
+      const auto id = field(dir, x, 2);
+      const auto n = field(dir, x + 2, 2);
+      if (id == 1) {
+        size_t v = x + 4;
+        for (uint64_t* f : {&m.size, &m.compressed_size, &m.header_offset}) {
+          if (*f == 0xffffffff) {
+            TORCH_CHECK(v + 8 <= x + 4 + n, "malformed zip64 extra field");
+            *f = field(dir, v, 8);
+            v += 8;
+          }
+        }
+      }
+      x += 4 + n;
+    }
     const auto slash = name.find('/');
-    out[slash == std::string::npos ? name : name.substr(slash + 1)] = crc;
+    out[slash == std::string::npos ? name : name.substr(slash + 1)] = m;
     at += 46 + name_size + extra_size + comment_size;
+  }
+  return out;
+}
+
+std::map<std::string, uint32_t> zip_crcs(const std::string& path) {
+  std::map<std::string, uint32_t> out;
+  for (const auto& [name, member] : zip_members(path)) {
+    out[name] = member.crc;
   }
   return out;
 }

@@ -12,6 +12,22 @@
 
 namespace lamp::detail {
 
+/// A member of a zip archive, from its central directory entry (zip64
+/// sizes and offsets resolved).
+struct ZipMember {
+  uint32_t crc = 0;
+  uint16_t method = 0; // 0: stored (torch.save stores every member)
+  uint64_t header_offset = 0; // of its local header
+  uint64_t compressed_size = 0;
+  uint64_t size = 0;
+};
+
+/// Every member of the zip archive at `path`, by name with the archive's
+/// top folder stripped ("archive/data/0" → "data/0"), as
+/// PyTorchStreamReader names records. Throws `c10::Error` when the file has
+/// no readable central directory.
+std::map<std::string, ZipMember> zip_members(const std::string& path);
+
 /// The CRC-32 of every member of the zip archive at `path`, by name with
 /// the archive's top folder stripped ("archive/data/0" → "data/0"), as
 /// PyTorchStreamReader names records. Handles zip64. Throws `c10::Error`

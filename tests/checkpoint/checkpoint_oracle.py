@@ -12,6 +12,10 @@
       OrderedDict) to OUT.
   checkpoint_oracle.py newer OUT
       Writes a checkpoint whose format version is newer than lamp's.
+  checkpoint_oracle.py zip64 SRC OUT
+      Copies the archive SRC into OUT member by member (stored) with
+      zipfile's zip64 limit lowered to 1 KiB, so that sizes and offsets
+      above it are in zip64 extra fields, as in a checkpoint over 4 GiB.
 """
 
 import sys
@@ -53,9 +57,24 @@ def mlp(path, out):
                 "x": ckpt["x"]}, out)
 
 
+def zip64(src, out):
+    import zipfile
+
+    zipfile.ZIP64_LIMIT = 1024
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(
+            out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as b:
+        for info in a.infolist():
+            with b.open(info.filename, "w", force_zip64=True) as f:
+                f.write(a.read(info.filename))
+    # torch.load reads it too.
+    torch.load(out, weights_only=True)
+    print("ok")
+
+
 def newer(out):
     torch.save({"lamp": {"format_version": 99, "step": 1}}, out)
 
 
 if __name__ == "__main__":
-    {"resnet50": resnet50, "mlp": mlp, "newer": newer}[sys.argv[1]](*sys.argv[2:])
+    {"resnet50": resnet50, "mlp": mlp, "newer": newer, "zip64": zip64}[
+        sys.argv[1]](*sys.argv[2:])
