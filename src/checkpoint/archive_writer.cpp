@@ -1,10 +1,14 @@
 #include "archive.h"
+#include "zip_writer.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
+#include <c10/util/hash.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/pickler_helper.h>
+
+#include <cstdio>
+#include <string>
 
 #include <utility>
 #include <vector>
@@ -61,14 +65,47 @@ void write_torch_archive(
   pickler.protocol();
   pickler.pushIValue(plain_copy(value, nullptr));
   pickler.stop();
-  caffe2::serialize::PyTorchStreamWriter writer(
-      [&](const void* data, size_t size) -> size_t {
-        write(data, size);
-        return size;
-      });
-  torch::jit::writeArchiveAndTensors(
-      "data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
+  // The records LibTorch's PyTorchStreamWriter writes for
+  // writeArchiveAndTensors, in its order: the tensors' storages (on the
+  // CPU: lamp's saves copy device tensors to host memory first), the
+  // pickle, then its end-of-file records.
+  std::vector<torch::jit::WriteableTensorData> storages;
+  std::vector<ZipRecord> records;
+  for (const auto& tensor : pickler.tensorData()) {
+    storages.push_back(torch::jit::getWriteableTensorData(tensor));
+  }
+  for (size_t i = 0; i < storages.size(); ++i) {
+    records.push_back(
+        {"data/" + std::to_string(i),
+         storages[i].data(),
+         storages[i].sizeInBytes()});
+  }
+  records.push_back({"data.pkl", pickle.data(), pickle.size()});
+  static const std::string kVersion = "3\n"; // kMinProducedFileFormatVersion
+  static const std::string kByteOrder = "little";
+  records.push_back({"version", kVersion.data(), kVersion.size()});
+  records.push_back({"byteorder", kByteOrder.data(), kByteOrder.size()});
+  // 40 digits, as LibTorch's: a function of what the file holds (so that
+  // the same state makes the same file).
+  uint64_t hash = 0;
+  uint64_t bytes = 0;
+  for (const auto& r : records) {
+    hash = c10::hash_combine(hash, c10::get_hash(r.name, r.size));
+    bytes += r.size;
+  }
+  char id[48];
+  std::snprintf(
+      id,
+      sizeof id,
+      "%020llu%020llu",
+      static_cast<unsigned long long>(hash),
+      static_cast<unsigned long long>(bytes));
+  const std::string serialization_id(id, 40);
+  records.push_back(
+      {".data/serialization_id",
+       serialization_id.data(),
+       serialization_id.size()});
+  write_zip(records, write);
 }
 
 } // namespace lamp::detail

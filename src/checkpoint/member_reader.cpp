@@ -1,17 +1,14 @@
 #include "member_reader.h"
 
+#include "parallel_each.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,9 +16,6 @@
 namespace lamp::detail {
 namespace {
 
-// Below this much data one thread reads everything: starting threads
-// costs more than it saves.
-constexpr uint64_t kBytesPerThread = 8 << 20;
 // pread and CRC in pieces of this size, so that the CRC reads bytes that
 // are still in the cache.
 constexpr uint64_t kPiece = 1 << 20;
@@ -129,41 +123,10 @@ std::map<std::string, c10::Storage> read_stored_members(
     return a.second->size > b.second->size;
   });
   std::vector<c10::Storage> read(work.size());
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (size_t i = next++; i < work.size() && !failed; i = next++) {
-      try {
+  parallel_each(
+      work.size(), std::min(threads, checkpoint_threads(bytes)), [&](size_t i) {
         read[i] = read_member(file, *work[i].first, *work[i].second);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!failed.exchange(true)) {
-          error = std::current_exception();
-        }
-      }
-    }
-  };
-  const auto n = static_cast<int>(std::clamp<uint64_t>(
-      std::min<uint64_t>(bytes / kBytesPerThread, work.size()),
-      1,
-      static_cast<uint64_t>(std::max(threads, 1))));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break; // no more threads: the others read the rest
-    }
-  }
-  worker();
-  for (auto& t : pool) {
-    t.join();
-  }
-  if (error) {
-    std::rethrow_exception(error);
-  }
+      });
   std::map<std::string, c10::Storage> out;
   for (size_t i = 0; i < work.size(); ++i) {
     out.emplace(*work[i].first, std::move(read[i]));

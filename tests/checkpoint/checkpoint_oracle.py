@@ -16,6 +16,9 @@
       Copies the archive SRC into OUT member by member (stored) with
       zipfile's zip64 limit lowered to 1 KiB, so that sizes and offsets
       above it are in zip64 extra fields, as in a checkpoint over 4 GiB.
+  checkpoint_oracle.py zipcheck FILE
+      Checks FILE with Python's zipfile (every member's CRC) and prints, per
+      member, its name, size and its data's offset modulo 64.
 """
 
 import sys
@@ -71,10 +74,26 @@ def zip64(src, out):
     print("ok")
 
 
+def zipcheck(path):
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        bad = z.testzip()
+        assert bad is None, f"bad CRC: {bad}"
+        for info in z.infolist():
+            f.seek(info.header_offset)
+            head = f.read(30)
+            n, e = struct.unpack("<HH", head[26:30])
+            data = info.header_offset + 30 + n + e
+            print(info.filename, info.file_size, data % 64)
+
+
 def newer(out):
     torch.save({"lamp": {"format_version": 99, "step": 1}}, out)
 
 
 if __name__ == "__main__":
-    {"resnet50": resnet50, "mlp": mlp, "newer": newer, "zip64": zip64}[
+    {"resnet50": resnet50, "mlp": mlp, "newer": newer, "zip64": zip64,
+     "zipcheck": zipcheck}[
         sys.argv[1]](*sys.argv[2:])
