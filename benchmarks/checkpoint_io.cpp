@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "folder for the checkpoint file")
       ->capture_default_str();
   app.add_option("--repeats", repeats)->check(CLI::PositiveNumber);
-  app.add_option("--load-repeats", load_repeats, "loads timed (default: --repeats)")
+  app.add_option(
+         "--load-repeats", load_repeats, "loads timed (default: --repeats)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-async", no_async, "skip the background save's timing");
   CLI11_PARSE(app, argc, argv);

@@ -78,8 +78,8 @@ c10::Storage read_member(
       "the data of ",
       name,
       " have no local zip header (corrupt file)");
-  const uint64_t data = m.header_offset + 30 + le(header + 26, 2) +
-      le(header + 28, 2);
+  const uint64_t data =
+      m.header_offset + 30 + le(header + 26, 2) + le(header + 28, 2);
   c10::Storage storage(
       c10::Storage::use_byte_size_t(),
       m.size,

@@ -89,7 +89,8 @@ std::map<std::string, ZipMember> zip_members(const std::string& path) {
     std::string name(dir.data() + at + 46, name_size);
     // Zip64: a field of all ones is in the extra field 0x0001, which holds
     // those fields only, in this order.
-    for (size_t x = at + 46 + name_size; x + 4 <= at + 46 + name_size + extra_size;) {
+    for (size_t x = at + 46 + name_size;
+         x + 4 <= at + 46 + name_size + extra_size;) {
       const auto id = field(dir, x, 2);
       const auto n = field(dir, x + 2, 2);
       if (id == 1) {

@@ -89,10 +89,10 @@ CropBox scaled_box(
   CropBox out;
   out.top = std::min(edge(box.top), height - 1);
   out.left = std::min(edge(box.left), width - 1);
-  out.height =
-      std::max<int64_t>(1, std::min(edge(box.top + box.height), height) - out.top);
-  out.width =
-      std::max<int64_t>(1, std::min(edge(box.left + box.width), width) - out.left);
+  out.height = std::max<int64_t>(
+      1, std::min(edge(box.top + box.height), height) - out.top);
+  out.width = std::max<int64_t>(
+      1, std::min(edge(box.left + box.width), width) - out.left);
   return out;
 }
 

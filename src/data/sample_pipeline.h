@@ -37,7 +37,11 @@ int dct_scale(const CropBox& box, int64_t image_size);
 // `box` of an image in the image reduced `scale` times (whose sides are
 // `height` x `width`): its edges divided by `scale` and rounded, at least a
 // pixel.
-CropBox scaled_box(const CropBox& box, int scale, int64_t height, int64_t width);
+CropBox scaled_box(
+    const CropBox& box,
+    int scale,
+    int64_t height,
+    int64_t width);
 
 // The generator of sample `index` (dataset index) in `epoch`: a fixed
 // function of (seed, epoch, index), so crops and flips do not depend on

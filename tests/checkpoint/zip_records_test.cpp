@@ -48,8 +48,12 @@ std::string bytes_of(const std::string& path) {
 c10::impl::GenericDict many_tensors() {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   torch::manual_seed(3);
-  const torch::Dtype dtypes[] = {torch::kFloat, torch::kHalf, torch::kLong,
-                                 torch::kBool, torch::kBFloat16};
+  const torch::Dtype dtypes[] = {
+      torch::kFloat,
+      torch::kHalf,
+      torch::kLong,
+      torch::kBool,
+      torch::kBFloat16};
   for (int i = 0; i < 240; ++i) {
     const int64_t n = i % 40 == 0 ? 1500000 : (i * 7919) % 20000 + 1;
     auto t = torch::randn({n}).mul(100).to(dtypes[i % 5]);
@@ -103,7 +107,8 @@ TEST(MemberReader, ACorruptRecordAmongManyIsAnErrorNamingFileAndRecord) {
     } catch (const c10::Error& e) {
       const std::string what = e.what_without_backtrace();
       EXPECT_EQ(what.rfind(path, 0), 0u) << what;
-      EXPECT_NE(what.find("fail their checksum (corrupt file)"), std::string::npos)
+      EXPECT_NE(
+          what.find("fail their checksum (corrupt file)"), std::string::npos)
           << what;
       EXPECT_NE(what.find("data/"), std::string::npos) << what;
     }
@@ -165,7 +170,8 @@ TEST(ZipWriter, PythonsZipfileReadsItAlignedWithAndWithoutZip64) {
       lamp::detail::write_zip(
           records,
           [&](const void* p, size_t n) {
-            out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+            out.write(
+                static_cast<const char*>(p), static_cast<std::streamsize>(n));
           },
           force);
     }
@@ -182,7 +188,8 @@ TEST(ZipWriter, PythonsZipfileReadsItAlignedWithAndWithoutZip64) {
     for (size_t i = 0; i < payloads.size(); ++i) {
       const auto& m = members.at(names[i]);
       EXPECT_EQ(m.size, payloads[i].size()) << names[i];
-      EXPECT_EQ(m.crc, lamp::detail::crc32_of(payloads[i].data(), payloads[i].size()))
+      EXPECT_EQ(
+          m.crc, lamp::detail::crc32_of(payloads[i].data(), payloads[i].size()))
           << names[i];
     }
     std::remove(path.c_str());

@@ -258,7 +258,8 @@ TEST_F(ImageDecoder, AReducedDecodeEqualsPillowsDraftAndItsRegionsTheirs) {
     ImageHeader header;
     ASSERT_EQ(read_image_header(bytes.data(), bytes.size(), name, &header), "");
     for (int scale : {2, 4, 8}) {
-      const auto whole = expected(std::string(name) + "@" + std::to_string(scale));
+      const auto whole =
+          expected(std::string(name) + "@" + std::to_string(scale));
       const int64_t height = scaled_extent(header.height, scale);
       const int64_t width = scaled_extent(header.width, scale);
       ASSERT_EQ(whole.size(0), height) << name << " @" << scale;
@@ -301,8 +302,11 @@ TEST_F(ImageDecoder, AReducedDecodeEqualsPillowsDraftAndItsRegionsTheirs) {
   // A region of the full-size image is outside the reduced one.
   const auto bytes = read_file(path("q90_420.jpg"));
   ImageHeader header;
-  ASSERT_EQ(read_image_header(bytes.data(), bytes.size(), "q90_420.jpg", &header), "");
-  std::vector<uint8_t> out(static_cast<size_t>(header.height * header.width * 3));
+  ASSERT_EQ(
+      read_image_header(bytes.data(), bytes.size(), "q90_420.jpg", &header),
+      "");
+  std::vector<uint8_t> out(
+      static_cast<size_t>(header.height * header.width * 3));
   EXPECT_THROW(
       decode_image_region(
           bytes.data(),

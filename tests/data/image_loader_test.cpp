@@ -323,9 +323,8 @@ TEST_F(ImageLoaderTest, DctDownscaleOnlyWhereTheCropIsTwiceTheOutput) {
     // these noisy images differ by a few levels (the reduction filters
     // differently), their colour hardly at all.
     const auto diff = (a[k].images - b[k].images).abs().flatten(1).mean(1);
-    const auto colour = (a[k].images.mean({2, 3}) - b[k].images.mean({2, 3}))
-                            .abs()
-                            .amax(1);
+    const auto colour =
+        (a[k].images.mean({2, 3}) - b[k].images.mean({2, 3})).abs().amax(1);
     differing += diff.gt(0).sum().item<int64_t>();
     EXPECT_LT(diff.max().item<double>(), 0.25) << k;
     EXPECT_LT(colour.max().item<double>(), 0.05) << k;
