@@ -19,9 +19,12 @@ namespace lamp::detail {
 /// Typed lists and dicts are written as plain Python lists and dicts:
 /// LibTorch's own pickler tags them with `torch.jit._pickle` globals that
 /// Python's weights-only loader refuses. Tensors keep their device.
+/// `force_zip64` writes zip64 fields everywhere (tests: as a file over
+/// 4 GiB has them).
 void write_torch_archive(
     const c10::IValue& value,
-    const std::function<void(const void*, size_t)>& write);
+    const std::function<void(const void*, size_t)>& write,
+    bool force_zip64 = false);
 
 /// `value` with every list and dict rebuilt as a plain one of Any (what
 /// write_torch_archive writes) and every tensor replaced by `tensor(t)`

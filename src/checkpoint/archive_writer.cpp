@@ -51,7 +51,8 @@ c10::IValue plain_copy(
 
 void write_torch_archive(
     const c10::IValue& value,
-    const std::function<void(const void*, size_t)>& write) {
+    const std::function<void(const void*, size_t)>& write,
+    bool force_zip64) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
       [&](const char* data, size_t size) {
@@ -105,7 +106,7 @@ void write_torch_archive(
       {".data/serialization_id",
        serialization_id.data(),
        serialization_id.size()});
-  write_zip(records, write);
+  write_zip(records, write, force_zip64);
 }
 
 } // namespace lamp::detail

@@ -16,6 +16,9 @@
       Copies the archive SRC into OUT member by member (stored) with
       zipfile's zip64 limit lowered to 1 KiB, so that sizes and offsets
       above it are in zip64 extra fields, as in a checkpoint over 4 GiB.
+  checkpoint_oracle.py summary FILE
+      torch.load(FILE, weights_only=True) of a dict of tensors: prints the
+      number of tensors and the sum of all their elements (float64).
   checkpoint_oracle.py zipcheck FILE
       Checks FILE with Python's zipfile (every member's CRC) and prints, per
       member, its name, size and its data's offset modulo 64.
@@ -74,6 +77,12 @@ def zip64(src, out):
     print("ok")
 
 
+def summary(path):
+    d = torch.load(path, weights_only=True)
+    total = sum(t.double().sum().item() for t in d.values())
+    print(len(d), repr(total))
+
+
 def zipcheck(path):
     import struct
     import zipfile
@@ -95,5 +104,5 @@ def newer(out):
 
 if __name__ == "__main__":
     {"resnet50": resnet50, "mlp": mlp, "newer": newer, "zip64": zip64,
-     "zipcheck": zipcheck}[
+     "zipcheck": zipcheck, "summary": summary}[
         sys.argv[1]](*sys.argv[2:])

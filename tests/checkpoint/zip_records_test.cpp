@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -32,11 +33,17 @@ std::string temp_path(const std::string& name) {
       "_" + name;
 }
 
-void write_file(const std::string& path, const c10::IValue& value) {
+void write_file(
+    const std::string& path,
+    const c10::IValue& value,
+    bool force_zip64 = false) {
   std::ofstream out(path, std::ios::binary);
-  write_torch_archive(value, [&](const void* p, size_t n) {
-    out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
-  });
+  write_torch_archive(
+      value,
+      [&](const void* p, size_t n) {
+        out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+      },
+      force_zip64);
 }
 
 std::string bytes_of(const std::string& path) {
@@ -194,6 +201,28 @@ TEST(ZipWriter, PythonsZipfileReadsItAlignedWithAndWithoutZip64) {
     }
     std::remove(path.c_str());
   }
+}
+
+// lamp's archive with zip64 fields everywhere (as one over 4 GiB): lamp
+// and Python's torch.load (LibTorch's miniz reader) read it.
+TEST(ZipWriter, AZip64ArchiveLoadsInLampAndInPython) {
+  LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
+  const auto path = temp_path("forced64.pt");
+  const auto want = many_tensors();
+  write_file(path, want, /*force_zip64=*/true);
+  expect_same(read_torch_archive(path), want);
+  const auto out = lamp::test::run_python_oracle(
+      "checkpoint/checkpoint_oracle.py", "summary \"" + path + "\"");
+  // Python's sum of every tensor as float64, and lamp's.
+  double sum = 0;
+  for (const auto& entry : want) {
+    sum += entry.value().toTensor().to(torch::kDouble).sum().item<double>();
+  }
+  EXPECT_NEAR(
+      std::stod(out.substr(out.find(' ') + 1)), sum, 1e-6 * std::abs(sum))
+      << out;
+  EXPECT_EQ(out.substr(0, out.find(' ')), std::to_string(want.size()));
+  std::remove(path.c_str());
 }
 
 } // namespace
