@@ -112,14 +112,6 @@ std::map<std::string, ZipMember> zip_members(const std::string& path) {
   return out;
 }
 
-std::map<std::string, uint32_t> zip_crcs(const std::string& path) {
-  std::map<std::string, uint32_t> out;
-  for (const auto& [name, member] : zip_members(path)) {
-    out[name] = member.crc;
-  }
-  return out;
-}
-
 uint32_t crc32_of(const void* data, size_t size) {
   uLong crc = crc32(0L, Z_NULL, 0);
   const auto* p = static_cast<const Bytef*>(data);
