@@ -23,6 +23,7 @@
 
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <sys/resource.h>
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -44,6 +46,12 @@ double cpu_seconds() {
 } // namespace
 
 int main(int argc, char** argv) {
+#if LAMP_WITH_CUDA
+  // TEMPORARY A/B switch: host waits block instead of spinning.
+  if (const char* v = std::getenv("LAMP_DEVICE_BLOCKING"); v && v[0] == '1') {
+    cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+  }
+#endif
   std::string dir;
   std::string device = "cuda";
   std::string decode = "auto";

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <optional>
 
 namespace lamp::data::detail {
@@ -52,6 +53,16 @@ const char* unsupported_reason(const JpegLayout& layout) {
 }
 
 } // namespace
+
+unsigned int wait_event_flags() {
+  // TEMPORARY A/B switch (LAMP_SPIN_WAITS=1: the old spinning events).
+  static const bool spin = [] {
+    const char* v = std::getenv("LAMP_SPIN_WAITS");
+    return v != nullptr && v[0] == '1';
+  }();
+  return spin ? cudaEventDisableTiming
+              : cudaEventDisableTiming | cudaEventBlockingSync;
+}
 
 void NvjpegDecoder::Impl::init() {
   nvjpegStatus_t status = NVJPEG_STATUS_ARCH_MISMATCH;
@@ -96,8 +107,8 @@ void NvjpegDecoder::Impl::init() {
         &handle));
   }
   if (hardware) {
-    C10_CUDA_CHECK(
-        cudaEventCreateWithFlags(&hardware_done, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&hardware_done, wait_event_flags()));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&stream_idle, wait_event_flags()));
   }
   LAMP_NVJPEG_CHECK(
       nvjpegDecoderCreate(handle, NVJPEG_BACKEND_DEFAULT, &decoder));
@@ -114,7 +125,7 @@ void NvjpegDecoder::Impl::init() {
   }
   for (int parity = 0; parity < 2; ++parity) {
     C10_CUDA_CHECK(
-        cudaEventCreateWithFlags(&batch_done[parity], cudaEventDisableTiming));
+        cudaEventCreateWithFlags(&batch_done[parity], wait_event_flags()));
     for (int i = 0; i < max_batch_size; ++i) {
       nvjpegJpegStream_t bitstream = nullptr;
       LAMP_NVJPEG_CHECK(nvjpegJpegStreamCreate(handle, &bitstream));
@@ -150,7 +161,8 @@ NvjpegDecoder::Impl::~Impl() {
       nvjpegJpegStreamDestroy(bitstream);
     }
   }
-  for (cudaEvent_t event : {hardware_done, batch_done[0], batch_done[1]}) {
+  for (cudaEvent_t event :
+       {hardware_done, stream_idle, batch_done[0], batch_done[1]}) {
     if (event != nullptr) {
       cudaEventDestroy(event);
     }
@@ -184,7 +196,7 @@ Slot& NvjpegDecoder::Impl::slot() {
       LAMP_NVJPEG_CHECK(nvjpegBufferPinnedCreate(handle, nullptr, &s.pinned));
       LAMP_NVJPEG_CHECK(nvjpegStateAttachPinnedBuffer(s.state, s.pinned));
       LAMP_NVJPEG_CHECK(nvjpegStateAttachDeviceBuffer(s.state, device_buffer));
-      C10_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, wait_event_flags()));
     } catch (...) {
       release(s);
       throw;
@@ -331,7 +343,9 @@ bool NvjpegDecoder::Impl::decode_hardware(
   }
   // The host barrier of Note [nvJPEG streams and threads]; then the last
   // hardware batch (perhaps on another stream) must be done with the state.
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // (An event rather than cudaStreamSynchronize, so that the wait blocks.)
+  C10_CUDA_CHECK(cudaEventRecord(stream_idle, stream));
+  C10_CUDA_CHECK(cudaEventSynchronize(stream_idle));
   C10_CUDA_CHECK(cudaEventSynchronize(hardware_done));
   const char* call = "nvjpegDecodeBatchedInitialize";
   nvjpegStatus_t status = nvjpegDecodeBatchedInitialize(

@@ -21,6 +21,10 @@ namespace lamp::data::detail {
 
 constexpr size_t kSlots = 8;
 
+// Flags of every event a decoder's thread waits on: see Note [nvJPEG streams
+// and threads] (why the waits block rather than spin).
+unsigned int wait_event_flags();
+
 // The CUDA backend's resources for one image in flight.
 struct Slot {
   nvjpegJpegState_t state = nullptr;
@@ -57,6 +61,8 @@ struct NvjpegDecoder::Impl {
   int hardware_failures = 0; // batches in a row
   nvjpegJpegState_t hardware_state = nullptr;
   cudaEvent_t hardware_done = nullptr;
+  // Recorded on the caller's stream for the hardware engines' host barrier.
+  cudaEvent_t stream_idle = nullptr;
   nvjpegJpegDecoder_t decoder = nullptr;
   nvjpegDecodeParams_t params = nullptr;
   // The engines' per-image parameters (ROI), made on first use.
