@@ -26,12 +26,18 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <dirent.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -41,6 +47,48 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &usage);
   auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
   return s(usage.ru_utime) + s(usage.ru_stime);
+}
+
+// CPU seconds of each of this process's threads, summed by thread name
+// (the loader's are lamp-decode and lamp-stageN; nvJPEG's and CUDA's keep
+// theirs): which threads the cores per image go to.
+std::map<std::string, double> thread_cpu_seconds() {
+  std::map<std::string, double> out;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) {
+    return out;
+  }
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') {
+      continue;
+    }
+    std::ifstream stat(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ... : utime and stime are fields 14 and 15, counted
+    // from after the name's closing parenthesis (a name may hold spaces).
+    const auto open = line.find('(');
+    const auto close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) {
+      continue;
+    }
+    std::string name = line.substr(open + 1, close - open - 1);
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i >= 14) {
+        ticks += std::stod(field);
+      }
+    }
+    while (!name.empty() && std::isdigit(static_cast<unsigned char>(name.back()))) {
+      name.pop_back(); // lamp-stage0, lamp-stage1 -> lamp-stage
+    }
+    out[name] += ticks / tick;
+  }
+  closedir(dir);
+  return out;
 }
 
 } // namespace
@@ -129,6 +177,7 @@ int main(int argc, char** argv) {
   const int64_t gpu0 = loader.gpu_decoded_images();
   const int64_t cpu_images0 = loader.cpu_decoded_images();
   const double cpu0 = cpu_seconds();
+  const auto threads0 = thread_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   torch::Tensor last;
   for (int64_t i = 0; i < batches; ++i) {
@@ -142,6 +191,19 @@ int main(int argc, char** argv) {
           .count();
   const double images = static_cast<double>(batches * batch_size);
   const double cpu = cpu_seconds() - cpu0;
+  std::string by_thread;
+  for (const auto& [name, seconds] : thread_cpu_seconds()) {
+    const auto before = threads0.find(name);
+    const double busy =
+        (seconds - (before == threads0.end() ? 0.0 : before->second)) / s;
+    if (busy >= 0.01) {
+      char item[128];
+      std::snprintf(
+          item, sizeof(item), "%s\"%s\": %.2f", by_thread.empty() ? "" : ", ",
+          name.c_str(), busy);
+      by_thread += item;
+    }
+  }
   const double gpu_images =
       static_cast<double>(loader.gpu_decoded_images() - gpu0);
   const double cpu_images =
@@ -158,7 +220,7 @@ int main(int argc, char** argv) {
       "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, \"dct_downscale\": %s, "
       "\"threads\": %lld, \"stage_threads\": %lld, \"decode_nice\": %d, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
-      "\"peak_gpu_gib\": %.3f, \"checksum\": %.4f}\n",
+      "\"peak_gpu_gib\": %.3f, \"cores_by_thread\": {%s}, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
       dct_downscale ? "true" : "false",
@@ -171,6 +233,7 @@ int main(int argc, char** argv) {
       cpu / s / (images / s / 1000.0),
       gpu_images / std::max(1.0, gpu_images + cpu_images),
       peak_gib,
+      by_thread.c_str(),
       last.to(torch::kFloat).mean().item<double>());
   return 0;
 }

@@ -6,17 +6,25 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <limits>
+#include <string>
 
 namespace lamp::data {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Names the calling thread for top, perf and /proc (at most 15 characters);
+// a failure only leaves the inherited name.
+void name_thread(const std::string& name) {
+  (void)pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+}
 
 } // namespace
 
@@ -100,6 +108,7 @@ void ImageLoader::Impl::decode_loop() {
   // cores, and each resize would otherwise start an OpenMP team of its own.
   // See Note [ImageLoader threads and streams] for what this changes.
   at::set_num_threads(1);
+  name_thread("lamp-decode");
   if (options.decode_nice() > 0) {
     // A thread's own nice value (Linux schedules threads, and setpriority
     // on a thread id changes that thread only). Raising it needs no
@@ -150,6 +159,7 @@ void ImageLoader::Impl::decode_loop() {
 }
 
 void ImageLoader::Impl::stage_loop(int lane, int64_t first) {
+  name_thread("lamp-stage" + std::to_string(lane));
   const int64_t lanes = stage->lanes();
   const int64_t bs = options.batch_size();
   for (int64_t seq = first; seq < end_seq; ++seq) {
