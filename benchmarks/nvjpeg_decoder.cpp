@@ -5,13 +5,15 @@
 // images, as N loader stages would. `--cuda-backend` keeps the hardware
 // engines out (nvJPEG's CUDA backend decodes all). `--roi` decodes only a
 // RandomResizedCrop window of each image (the loader's training crops, as
-// `partial_decode` does), with nvJPEG's ROI decode.
+// `partial_decode` does), with nvJPEG's ROI decode. `--pinned` hands
+// nvJPEG the encoded bytes in pinned host memory instead of pageable.
 //
 //   nvjpeg_decoder --data DIR [--decoders 1] [--batch-size 256]
-//                  [--batches 60] [--cuda-backend] [--roi]
+//                  [--batches 60] [--cuda-backend] [--roi] [--pinned]
 //
 // Prints one JSON line: images/s, the share the engines decoded, and the
-// host time a decode() call takes (the stage thread's part of a batch).
+// host time a decode() call takes (the stage thread's part of a batch),
+// wall and CPU.
 
 #include <lamp/data.h>
 
@@ -20,6 +22,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
+
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -39,6 +43,12 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 struct File {
@@ -67,6 +77,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--cuda-backend", cuda_backend, "no hardware engines");
   app.add_flag("--roi", roi, "decode only a training crop of each image");
+  bool pinned = false;
+  app.add_flag("--pinned", pinned, "the encoded bytes in pinned memory");
   CLI11_PARSE(app, argc, argv);
 
   lamp::data::ImageFolder folder(dir);
@@ -98,10 +110,32 @@ int main(int argc, char** argv) {
       dir,
       "; need at least a batch");
 
+  // With --pinned every file's bytes are copied into one pinned block and
+  // decoded from there.
+  torch::Tensor pinned_bytes;
+  std::vector<const uint8_t*> file_data;
+  for (const auto& f : files) {
+    file_data.push_back(f.bytes.data());
+  }
+  if (pinned) {
+    int64_t total = 0;
+    for (const auto& f : files) {
+      total += static_cast<int64_t>(f.bytes.size());
+    }
+    pinned_bytes = torch::empty(
+        {total}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
+    auto* p = pinned_bytes.data_ptr<uint8_t>();
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::copy(files[i].bytes.begin(), files[i].bytes.end(), p);
+      file_data[i] = p;
+      p += files[i].bytes.size();
+    }
+  }
   std::atomic<int64_t> next_batch{-decoders}; // one warm-up batch each
   std::atomic<int64_t> hardware{0};
   std::atomic<int64_t> decoded{0};
   std::vector<double> host_seconds(decoders, 0.0);
+  std::vector<double> host_cpu_seconds(decoders, 0.0);
   std::vector<int64_t> calls(decoders, 0);
   std::atomic<int> ready{0};
   Clock::time_point start;
@@ -122,17 +156,20 @@ int main(int argc, char** argv) {
       std::vector<std::string> names;
       std::vector<lamp::data::CropBox> crops;
       for (int64_t i = 0; i < batch_size; ++i) {
-        const auto& f = files[((b + decoders) * batch_size + i) % files.size()];
-        data.push_back(f.bytes.data());
+        const size_t k = ((b + decoders) * batch_size + i) % files.size();
+        const auto& f = files[k];
+        data.push_back(file_data[k]);
         sizes.push_back(f.bytes.size());
         names.push_back(f.path);
         crops.push_back(f.crop);
       }
       const auto t0 = Clock::now();
+      const double c0 = thread_cpu_seconds();
       auto images = decoder.decode(
           data, sizes, names, stream.stream(), nullptr, roi ? &crops : nullptr);
       if (b >= 0) {
         host_seconds[t] += since(t0);
+        host_cpu_seconds[t] += thread_cpu_seconds() - c0;
         ++calls[t];
         hardware += decoder.hardware_decoded();
         decoded += static_cast<int64_t>(images.size());
@@ -157,9 +194,11 @@ int main(int argc, char** argv) {
   }
   const double s = since(start);
   double host = 0;
+  double host_cpu = 0;
   int64_t n = 0;
   for (int t = 0; t < decoders; ++t) {
     host += host_seconds[t];
+    host_cpu += host_cpu_seconds[t];
     n += calls[t];
   }
   double bytes = 0;
@@ -173,15 +212,18 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"lamp NvjpegDecoder\", \"decoders\": %d, \"backend\": "
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
-      "\"roi\": %s, \"hardware_share\": %.3f, \"host_ms_per_batch\": %.2f, "
+      "\"roi\": %s, \"pinned\": %s, \"hardware_share\": %.3f, "
+      "\"host_ms_per_batch\": %.2f, \"host_cpu_ms_per_batch\": %.2f, "
       "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f}\n",
       decoders,
       cuda_backend ? "cuda" : "hardware+cuda",
       static_cast<long long>(batch_size),
       static_cast<double>(decoded) / s,
       roi ? "true" : "false",
+      pinned ? "true" : "false",
       static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
       n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
+      n > 0 ? host_cpu / static_cast<double>(n) * 1e3 : 0.0,
       files.size(),
       pixels / static_cast<double>(files.size()) / 1e3,
       bytes / static_cast<double>(files.size()) / 1e3);
