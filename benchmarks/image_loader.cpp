@@ -23,7 +23,6 @@
 
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
 #endif
 
 #include <dirent.h>
@@ -34,7 +33,6 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -94,12 +92,6 @@ std::map<std::string, double> thread_cpu_seconds() {
 } // namespace
 
 int main(int argc, char** argv) {
-#if LAMP_WITH_CUDA
-  // TEMPORARY A/B switch: host waits block instead of spinning.
-  if (const char* v = std::getenv("LAMP_DEVICE_BLOCKING"); v && v[0] == '1') {
-    cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
-  }
-#endif
   std::string dir;
   std::string device = "cuda";
   std::string decode = "auto";

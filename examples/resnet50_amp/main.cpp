@@ -32,10 +32,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-#if LAMP_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-#include <cstdlib>
 
 #include "common.h"
 #include "progress.h"
@@ -369,12 +365,6 @@ Result train(
 } // namespace
 
 int main(int argc, char** argv) {
-#if LAMP_WITH_CUDA
-  // TEMPORARY A/B switch: host waits block instead of spinning.
-  if (const char* v = std::getenv("LAMP_DEVICE_BLOCKING"); v && v[0] == '1') {
-    cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
-  }
-#endif
   Options opt;
   CLI::App app{
       "ResNet-50 training with automatic mixed precision (lamp): fp32 vs "

@@ -11,7 +11,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <optional>
 
 namespace lamp::data::detail {
@@ -55,13 +54,7 @@ const char* unsupported_reason(const JpegLayout& layout) {
 } // namespace
 
 unsigned int wait_event_flags() {
-  // TEMPORARY A/B switch (LAMP_SPIN_WAITS=1: the old spinning events).
-  static const bool spin = [] {
-    const char* v = std::getenv("LAMP_SPIN_WAITS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return spin ? cudaEventDisableTiming
-              : cudaEventDisableTiming | cudaEventBlockingSync;
+  return cudaEventDisableTiming | cudaEventBlockingSync;
 }
 
 void NvjpegDecoder::Impl::init() {

@@ -51,7 +51,11 @@ namespace lamp::data::detail {
 // Other host waits are on events of earlier work, normally done by then:
 // a slot's previous image (kSlots images back), the batch before last (its
 // bitstream handles: they are double-buffered across batches), the last
-// hardware batch (its state). A batch on another stream than the last one
+// hardware batch (its state). Every event a thread waits on is made with
+// cudaEventBlockingSync (wait_event_flags()): with one context per process
+// CUDA spins in a wait by default, and a spinning stage thread holds a core
+// that the decode threads could use (one A/B call: within noise either
+// way, benchmarks/README.md; a wait should not hold a core). A batch on another stream than the last one
 // first waits for the last one on the device, so that the shared buffers
 // stay in order across streams.
 //

@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct and waits): any of build tests sets loader probe roi
-# e2e epochs dct waits, comma-separated.
+# STEPS (default all but probe, roi, epochs and dct): any of build tests sets loader probe roi
+# e2e epochs dct, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -207,33 +207,5 @@ if want dct; then
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/dct_*.jsonl
-fi
-if want waits; then
-  # Host waits that spin (the CUDA default with one context per process)
-  # against waits that block, same call: LAMP_SPIN_WAITS=1 is the old
-  # nvJPEG events, LAMP_DEVICE_BLOCKING=1 also sets
-  # cudaDeviceScheduleBlockingSync for the whole process. The loader alone
-  # on both sets, then ResNet-50 on the hard set, three epochs each way.
-  say "spinning vs blocking waits"
-  for set in hard photo; do
-    for args in "--decode auto" "--decode gpu"; do
-      for envs in LAMP_SPIN_WAITS=1 LAMP_SPIN_WAITS=0 LAMP_DEVICE_BLOCKING=1; do
-        [ $set = photo ] && [ "$args" = "--decode gpu" ] && continue
-        env $envs timeout 60 $L --data $B/sets/$set/train --threads 16 --batches ${WAIT_BATCHES:-60} $args \
-          2>> "$OUT/waits.err" | sed "s/^{/{\"set\": \"$set\", \"env\": \"$envs\", /" |
-          tee -a "$OUT/waits.jsonl"
-      done
-    done
-  done
-  R=$B/examples/resnet50_amp
-  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
-  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
-    --metrics "$OUT/waits_synthetic.jsonl" > "$OUT/waits_synthetic.log" 2>&1
-  for envs in LAMP_SPIN_WAITS=1 LAMP_SPIN_WAITS=0 LAMP_DEVICE_BLOCKING=1; do
-    env $envs timeout 150 $R $COMMON --data $B/sets/hard --epochs ${EPOCHS:-3} --warmup 5 --workers 16 \
-      --log-every 1 --metrics "$OUT/waits_hard_$envs.jsonl" > "$OUT/waits_hard_$envs.log" 2>&1
-    say "waits hard $envs exit $?"
-  done
-  python3 tools/gpu/epoch_steps.py "$OUT"/waits_*.jsonl
 fi
 say "done"
