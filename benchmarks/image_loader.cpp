@@ -80,7 +80,8 @@ std::map<std::string, double> thread_cpu_seconds() {
         ticks += std::stod(field);
       }
     }
-    while (!name.empty() && std::isdigit(static_cast<unsigned char>(name.back()))) {
+    while (!name.empty() &&
+           std::isdigit(static_cast<unsigned char>(name.back()))) {
       name.pop_back(); // lamp-stage0, lamp-stage1 -> lamp-stage
     }
     out[name] += ticks / tick;
@@ -191,8 +192,12 @@ int main(int argc, char** argv) {
     if (busy >= 0.01) {
       char item[128];
       std::snprintf(
-          item, sizeof(item), "%s\"%s\": %.2f", by_thread.empty() ? "" : ", ",
-          name.c_str(), busy);
+          item,
+          sizeof(item),
+          "%s\"%s\": %.2f",
+          by_thread.empty() ? "" : ", ",
+          name.c_str(),
+          busy);
       by_thread += item;
     }
   }

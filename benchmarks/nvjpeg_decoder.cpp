@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
       total += static_cast<int64_t>(f.bytes.size());
     }
     pinned_bytes = torch::empty(
-        {total}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
+        {total},
+        torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
     auto* p = pinned_bytes.data_ptr<uint8_t>();
     for (size_t i = 0; i < files.size(); ++i) {
       std::copy(files[i].bytes.begin(), files[i].bytes.end(), p);

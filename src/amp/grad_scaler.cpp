@@ -4,6 +4,7 @@
 #include <lamp/distributed.h>
 #include <lamp/optim.h>
 
+#include "../optim/fused_clip_grad.h"
 #include "../optim/multi_tensor.h"
 #include "non_finite_check.h"
 
@@ -200,6 +201,13 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
       if (group.grads.empty()) {
         continue;
       }
+    }
+    // One kernel that also keeps the sums of squares for a clip_grad_norm_
+    // next (Note [Sums kept from the unscale]); ATen's where it does not
+    // apply.
+    if (!inv_scale.is_same(ones_) &&
+        detail::unscale_keeping_sums(group.grads, found_inf, inv)) {
+      continue;
     }
     detail::launch_multi_tensor({&group.grads}, nullptr, [&] {
       at::_amp_foreach_non_finite_check_and_unscale_(

@@ -100,7 +100,8 @@ void NvjpegDecoder::Impl::init() {
         &handle));
   }
   if (hardware) {
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&hardware_done, wait_event_flags()));
+    C10_CUDA_CHECK(
+        cudaEventCreateWithFlags(&hardware_done, wait_event_flags()));
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&stream_idle, wait_event_flags()));
   }
   LAMP_NVJPEG_CHECK(

@@ -148,6 +148,58 @@ __device__ float sum_squares(const Span& s) {
   return sum;
 }
 
+// GradScaler's unscale of one element, as ATen's
+// _amp_foreach_non_finite_check_and_unscale_ does it (the check on the
+// input; a multiplication unless inv_scale is exactly 1), rounded to the
+// tensor's format: the value that sum_squares() would read afterwards.
+template <ClipFormat F>
+__device__ float unscale_one(float x, float inv_scale, bool& bad) {
+  bad |= !isfinite(x);
+  const float y = inv_scale == 1.f ? x : x * inv_scale;
+  if constexpr (F == ClipFormat::kHalf) {
+    return __half2float(__float2half_rn(y));
+  } else {
+    return y;
+  }
+}
+
+// unscale_one() over the block's span, in place, and this thread's sum of
+// squares of the results in exactly sum_squares()'s order (so the block's
+// partial is bitwise the one sum_squares_kernel would write next).
+template <ClipFormat F>
+__device__ float unscale_sum_squares(const Span& s, float inv, bool& bad) {
+  constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
+  const auto thread = static_cast<uintptr_t>(threadIdx.x);
+  float sum = 0.f;
+  for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
+       a += kThreads * kBytes) {
+    const float x = unscale_one<F>(load(a, F), inv, bad);
+    store(a, F, x);
+    sum += x * x;
+  }
+  for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
+       a += kThreads * kBytes) {
+    const float x = unscale_one<F>(load(a, F), inv, bad);
+    store(a, F, x);
+    sum += x * x;
+  }
+  for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
+       a += kThreads * 16) {
+    auto* p = reinterpret_cast<uint4*>(a);
+    auto x = unpack<F>(__ldcg(p));
+#pragma unroll
+    for (int i = 0; i < Vector<F>::kN; ++i) {
+      x.v[i] = unscale_one<F>(x.v[i], inv, bad);
+    }
+    *p = pack<F>(x);
+#pragma unroll
+    for (int i = 0; i < Vector<F>::kN; ++i) {
+      sum += x.v[i] * x.v[i];
+    }
+  }
+  return sum;
+}
+
 // Multiplies the block's span by `coef`.
 template <ClipFormat F>
 __device__ void scale(const Span& s, float coef) {
@@ -218,6 +270,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The first kernel fused with GradScaler's unscale: the tensors unscaled
+// in place, found_inf set as ATen sets it, partials as sum_squares_kernel
+// would write them for the unscaled tensors.
+__global__ void __launch_bounds__(kThreads) unscale_sum_squares_kernel(
+    ClipList list,
+    int64_t chunk,
+    const float* inv_scale,
+    float* found_inf,
+    float* partials) {
+  const Span s = span_of(list, chunk);
+  const float inv = __ldg(inv_scale);
+  bool bad = false;
+  float sum;
+  switch (list.format[s.t]) {
+    case ClipFormat::kFloat:
+      sum = unscale_sum_squares<ClipFormat::kFloat>(s, inv, bad);
+      break;
+    case ClipFormat::kHalf:
+      sum = unscale_sum_squares<ClipFormat::kHalf>(s, inv, bad);
+      break;
+    default:
+      // NOTE: launch_unscale_sum_squares takes no bf16 (ATen's unscale
+      // refuses it, and so does Python's GradScaler).
+      sum = 0.f;
+  }
+  if (bad) {
+    *found_inf = 1.f; // any thread; all write the same value
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = sum;
+  }
+}
+
 // Second kernel: every block sums all partials (the same sum in every
 // block), block 0 writes the norm, and each block scales its span.
 __global__ void __launch_bounds__(kThreads) scale_kernel(
@@ -274,6 +360,17 @@ int64_t chunk_of(const ClipList& list) {
   return chunk < kMinChunk ? kMinChunk : chunk;
 }
 
+// Sets list.first_block; returns the chunk and the number of blocks.
+int64_t lay_out(ClipList& list, int64_t& blocks) {
+  const int64_t chunk = chunk_of(list);
+  blocks = 0;
+  for (int t = 0; t < list.count; ++t) {
+    list.first_block[t] = static_cast<int32_t>(blocks);
+    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
+  }
+  return chunk;
+}
+
 } // namespace
 
 int64_t clip_grad_norm_blocks(const ClipList& list) {
@@ -295,21 +392,56 @@ cudaError_t launch_clip_grad_norm(
   if (list.count == 0) {
     return cudaErrorInvalidValue;
   }
-  const int64_t chunk = chunk_of(list);
   int64_t blocks = 0;
-  for (int t = 0; t < list.count; ++t) {
-    list.first_block[t] = static_cast<int32_t>(blocks);
-    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
-  }
+  const int64_t chunk = lay_out(list, blocks);
   const auto grid = static_cast<unsigned>(blocks);
   sum_squares_kernel<<<grid, kThreads, 0, stream>>>(list, chunk, partials);
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) {
     return error;
   }
+  return launch_clip_scale(list, max_norm, norm, norm_format, partials, stream);
+}
+
+cudaError_t launch_unscale_sum_squares(
+    ClipList& list,
+    const float* inv_scale,
+    float* found_inf,
+    float* partials,
+    cudaStream_t stream) {
+  if (list.count == 0) {
+    return cudaErrorInvalidValue;
+  }
+  for (int t = 0; t < list.count; ++t) {
+    if (list.format[t] == ClipFormat::kBFloat16) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  int64_t blocks = 0;
+  const int64_t chunk = lay_out(list, blocks);
+  unscale_sum_squares_kernel<<<
+      static_cast<unsigned>(blocks),
+      kThreads,
+      0,
+      stream>>>(list, chunk, inv_scale, found_inf, partials);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_clip_scale(
+    ClipList& list,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    const float* partials,
+    cudaStream_t stream) {
+  if (list.count == 0) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t blocks = 0;
+  const int64_t chunk = lay_out(list, blocks);
   // NOTE: max_norm is rounded to fp32 as Python's `tensor * float` rounds
   // it for an fp32 tensor.
-  scale_kernel<<<grid, kThreads, 0, stream>>>(
+  scale_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       list,
       chunk,
       partials,

@@ -1,8 +1,9 @@
 #pragma once
 
 // Internal: clip_grad_norm_ (2-norm) over many gradient tensors in two
-// kernels. Plain CUDA, no LibTorch types, so nvcc compiles it without
-// LibTorch's headers; src/optim/fused_clip_grad.cpp is its caller.
+// kernels, or in one after GradScaler's unscale computed the sums. Plain CUDA,
+// no LibTorch types, so nvcc compiles it without LibTorch's headers;
+// src/optim/fused_clip_grad.cpp is its caller.
 
 #include <cuda_runtime_api.h>
 
@@ -37,6 +38,30 @@ cudaError_t launch_clip_grad_norm(
     void* norm,
     ClipFormat norm_format,
     float* partials,
+    cudaStream_t stream);
+
+// GradScaler's unscale fused with the first of those kernels: every
+// element of `list` (fp32 or fp16; bf16 is an error, as in ATen) checked
+// and multiplied by *inv_scale as ATen's
+// _amp_foreach_non_finite_check_and_unscale_ does (*found_inf = 1 where an
+// element is not finite), and `partials` written as launch_clip_grad_norm's
+// first kernel would write them for the unscaled tensors.
+cudaError_t launch_unscale_sum_squares(
+    ClipList& list,
+    const float* inv_scale,
+    float* found_inf,
+    float* partials,
+    cudaStream_t stream);
+
+// The second of launch_clip_grad_norm's kernels, on the `partials` that
+// launch_unscale_sum_squares wrote for the same list (unchanged since):
+// together bitwise launch_clip_grad_norm after that unscale.
+cudaError_t launch_clip_scale(
+    ClipList& list,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    const float* partials,
     cudaStream_t stream);
 
 // The scratch `partials` needs for `list`: one float a thread block.

@@ -11,14 +11,164 @@
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/intrusive_ptr.h>
 #endif
 
+// Note [Sums kept from the unscale]
+// A clipped AMP step reads every gradient three times before the optimizer:
+// GradScaler's unscale (read, write), the clip's sums of squares (read),
+// the clip's scaling (read, write). unscale_keeping_sums() computes the sums
+// in the unscale's kernel, block by block exactly as the clip's first
+// kernel would (same blocks, same order: bitwise the same partial sums),
+// and keeps them with what they were computed from: the gradients'
+// TensorImpls (weakly), data pointers, sizes and version counters after
+// the unscale, and the stream. fused_clip_grad_norm_ uses them only if its
+// gradients are exactly those, in the same order, unchanged since (each
+// one's version the same: an in-place op on a gradient, or a new gradient
+// tensor, makes it compute the sums itself), on the same stream; then the
+// clip is its second kernel alone. Kept sums serve one clip and are
+// dropped by it either way. They are thread-local: unscale_ and the clip
+// of a step run on one thread (GraphedStep captures on the caller's).
+// A write to a gradient through its raw data pointer is not seen; none of
+// lamp's or LibTorch's ops does that between an unscale and a clip.
+
 namespace lamp::detail {
+
+#if LAMP_WITH_CUDA
+namespace {
+
+struct KeptSums {
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> impls;
+  std::vector<int64_t> versions;
+  ClipList list; // data, bytes and formats as the clip would list them
+  at::Tensor partials;
+  cudaStream_t stream = nullptr;
+};
+
+thread_local std::optional<KeptSums> kept;
+thread_local int64_t clips_from_kept = 0;
+
+ClipFormat format_of(at::ScalarType t) {
+  return t == at::kFloat ? ClipFormat::kFloat
+      : t == at::kHalf   ? ClipFormat::kHalf
+                         : ClipFormat::kBFloat16;
+}
+
+// Whether `grads` (listed as `list`) are exactly what `k` was kept from.
+bool same_as_kept(
+    const KeptSums& k,
+    const std::vector<at::Tensor>& grads,
+    const ClipList& list,
+    cudaStream_t stream) {
+  if (k.stream != stream || k.list.count != list.count) {
+    return false;
+  }
+  for (int t = 0; t < list.count; ++t) {
+    if (k.list.data[t] != list.data[t] || k.list.bytes[t] != list.bytes[t] ||
+        k.list.format[t] != list.format[t]) {
+      return false;
+    }
+  }
+  size_t t = 0;
+  for (const auto& g : grads) {
+    if (g.numel() == 0) {
+      continue;
+    }
+    if (t == k.impls.size() ||
+        k.impls[t].lock().get() != g.unsafeGetTensorImpl() ||
+        k.versions[t] != g._version()) {
+      return false;
+    }
+    ++t;
+  }
+  return t == k.impls.size();
+}
+
+} // namespace
+#endif
+
+bool unscale_keeping_sums(
+    const std::vector<at::Tensor>& grads,
+    const at::Tensor& found_inf,
+    const at::Tensor& inv_scale) {
+#if LAMP_WITH_CUDA
+  kept.reset();
+  if (grads.empty() || grads.size() > ClipList::kMax ||
+      !grads.front().is_cuda()) {
+    return false;
+  }
+  const auto device = grads.front().device();
+  const auto dtype = grads.front().scalar_type();
+  if ((dtype != at::kFloat && dtype != at::kHalf) ||
+      found_inf.device() != device || inv_scale.device() != device ||
+      found_inf.scalar_type() != at::kFloat ||
+      inv_scale.scalar_type() != at::kFloat || found_inf.numel() != 1 ||
+      inv_scale.numel() != 1 || !found_inf.is_contiguous() ||
+      !inv_scale.is_contiguous()) {
+    return false;
+  }
+  KeptSums k;
+  for (const auto& g : grads) {
+    if (g.device() != device || g.scalar_type() != dtype ||
+        g.layout() != at::kStrided || !g.is_non_overlapping_and_dense() ||
+        g.is_inference()) {
+      return false;
+    }
+    if (g.numel() == 0) {
+      continue;
+    }
+    k.list.data[k.list.count] = g.data_ptr();
+    k.list.bytes[k.list.count] = g.numel() * g.element_size();
+    k.list.format[k.list.count] = format_of(dtype);
+    ++k.list.count;
+  }
+  if (k.list.count == 0) {
+    return false; // nothing to unscale: ATen's kernel does nothing either
+  }
+  const c10::cuda::CUDAGuard on_device(device);
+  k.stream = at::cuda::getCurrentCUDAStream();
+  k.partials = at::empty(
+      {clip_grad_norm_blocks(k.list)}, found_inf.options().dtype(at::kFloat));
+  C10_CUDA_CHECK(launch_unscale_sum_squares(
+      k.list,
+      inv_scale.const_data_ptr<float>(),
+      found_inf.mutable_data_ptr<float>(),
+      k.partials.mutable_data_ptr<float>(),
+      k.stream));
+  // An in-place write, as ATen's op is: the gradients' versions move on.
+  for (const auto& g : grads) {
+    if (g.numel() == 0) {
+      continue;
+    }
+    g.unsafeGetTensorImpl()->bump_version();
+    k.impls.emplace_back(g.getIntrusivePtr());
+    k.versions.push_back(g._version());
+  }
+  kept = std::move(k);
+  return true;
+#else
+  (void)grads;
+  (void)found_inf;
+  (void)inv_scale;
+  return false;
+#endif
+}
+
+int64_t clips_from_kept_sums() {
+#if LAMP_WITH_CUDA
+  return clips_from_kept;
+#else
+  return 0;
+#endif
+}
 
 std::optional<at::Tensor> fused_clip_grad_norm_(
     const std::vector<at::Tensor>& grads,
     double max_norm) {
 #if LAMP_WITH_CUDA
+  // Kept sums serve this clip or none (Note [Sums kept from the unscale]).
+  std::optional<KeptSums> sums = std::move(kept);
+  kept.reset();
   if (grads.empty() || grads.size() > ClipList::kMax ||
       !grads.front().is_cuda()) {
     return std::nullopt;
@@ -40,9 +190,7 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     }
     list.data[list.count] = g.data_ptr();
     list.bytes[list.count] = g.numel() * g.element_size();
-    list.format[list.count] = t == at::kFloat ? ClipFormat::kFloat
-        : t == at::kHalf                      ? ClipFormat::kHalf
-                                              : ClipFormat::kBFloat16;
+    list.format[list.count] = format_of(t);
     ++list.count;
   }
   const c10::cuda::CUDAGuard on_device(device);
@@ -50,18 +198,28 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
   if (list.count == 0) {
     return norm.zero_(); // every gradient is empty: norm 0, nothing to scale
   }
+  const ClipFormat norm_format = format_of(dtype);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (sums && same_as_kept(*sums, grads, list, stream)) {
+    C10_CUDA_CHECK(launch_clip_scale(
+        list,
+        max_norm,
+        norm.data_ptr(),
+        norm_format,
+        sums->partials.const_data_ptr<float>(),
+        stream));
+    ++clips_from_kept;
+    return norm;
+  }
   auto partials = at::empty(
       {clip_grad_norm_blocks(list)}, norm.options().dtype(at::kFloat));
-  const ClipFormat norm_format = dtype == at::kFloat ? ClipFormat::kFloat
-      : dtype == at::kHalf                           ? ClipFormat::kHalf
-                                                     : ClipFormat::kBFloat16;
   C10_CUDA_CHECK(launch_clip_grad_norm(
       list,
       max_norm,
       norm.data_ptr(),
       norm_format,
       partials.mutable_data_ptr<float>(),
-      at::cuda::getCurrentCUDAStream()));
+      stream));
   return norm;
 #else
   (void)grads;

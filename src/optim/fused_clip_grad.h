@@ -1,10 +1,12 @@
 #pragma once
 
 // Internal: clip_grad_norm_ of CUDA gradients in two kernels
-// (clip_grad_kernel.cu) instead of ATen's seven or eight.
+// (clip_grad_kernel.cu) instead of ATen's seven or eight, or in one after
+// GradScaler's unscale.
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -20,5 +22,21 @@ namespace lamp::detail {
 std::optional<at::Tensor> fused_clip_grad_norm_(
     const std::vector<at::Tensor>& grads,
     double max_norm);
+
+/// GradScaler's unscale of one group of gradients (one CUDA device, all
+/// fp32 or all fp16, dense, at most 176): ATen's
+/// _amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+/// in one kernel that also keeps the sums of squares of the unscaled
+/// gradients, so that a fused_clip_grad_norm_ of the same gradients next
+/// (unchanged since) is one kernel. See Note [Sums kept from the unscale].
+/// Returns false (and does nothing) where it does not apply; the caller
+/// then calls ATen.
+bool unscale_keeping_sums(
+    const std::vector<at::Tensor>& grads,
+    const at::Tensor& found_inf,
+    const at::Tensor& inv_scale);
+
+/// How many clips on this thread were one kernel on kept sums (for tests).
+int64_t clips_from_kept_sums();
 
 } // namespace lamp::detail
