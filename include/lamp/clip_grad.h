@@ -124,7 +124,11 @@ LAMP_API void clip_grads_with_norm_(
 /// arithmetic, `_foreach_mul_`): a graphed step pays each kernel's launch.
 /// They sum in fp32 in another order, so the norm and the gradients equal
 /// Python's within fp32 rounding rather than bit for bit; pass
-/// `foreach = true` for Python's kernels exactly.
+/// `foreach = true` for Python's kernels exactly. Right after
+/// `GradScaler::unscale_` of the same fp32 or fp16 gradients (unchanged
+/// since, listed in the optimizer's order, same stream) the sum of squares
+/// was already computed by the unscale's own kernel, and the clip is one
+/// kernel: the same result, bit for bit.
 ///
 /// With `GradScaler`, clip between `unscale_` and `step`, as in Python. On
 /// an overflowing step the unscaled gradients hold inf/NaN, the total norm

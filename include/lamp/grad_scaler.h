@@ -72,7 +72,8 @@ struct LAMP_API GradScalerOptions {
 /// captured in a CUDA graph. `get_scale()` synchronises; watch
 /// `get_scale_async()` and `get_found_inf_async()` instead. Clip between
 /// `unscale_` and `step` with `lamp::clip_grad_norm_` (clip_grad.h), which
-/// keeps the norm on the device; LibTorch's
+/// keeps the norm on the device (and, on CUDA, finds its sums of squares
+/// already computed by `unscale_`); LibTorch's
 /// `torch::nn::utils::clip_grad_norm_` returns a double, a sync per step.
 ///
 /// Example:

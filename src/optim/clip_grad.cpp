@@ -47,7 +47,9 @@
 //   of squares in another order: Python's result within fp32 rounding, not
 //   bitwise). In a graphed step each kernel costs its launch; Python picks
 //   its fastest implementation for foreach=None too. foreach=true gives
-//   Python's kernels, bit for bit.
+//   Python's kernels, bit for bit. Right after GradScaler's unscale of the
+//   same gradients the first kernel's sums are already there (Note [Sums
+//   kept from the unscale] in fused_clip_grad.cpp): one kernel.
 
 namespace lamp {
 namespace {
