@@ -121,30 +121,47 @@ __device__ uint4 pack(const Vector<F>& x) {
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// This thread's sum of squares over the block's span.
-template <ClipFormat F>
-__device__ float sum_squares(const Span& s) {
+// Visits this thread's share of the block's span in a fixed order: the
+// elements of the unaligned head, those of the unaligned tail, then the
+// 16-byte vectors of the middle; `element(address)` for each element alone,
+// `vector(pointer)` for each vector. Every kernel walks a span this way, so
+// the sums of squares of sum_squares() and unscale_sum_squares() are added
+// in the same order (bitwise the same partials).
+template <ClipFormat F, class Element, class Vec>
+__device__ void visit(const Span& s, Element element, Vec vector) {
   constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
   const auto thread = static_cast<uintptr_t>(threadIdx.x);
-  float sum = 0.f;
   for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
        a += kThreads * kBytes) {
-    const float x = load(a, F);
-    sum += x * x;
+    element(a);
   }
   for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
        a += kThreads * kBytes) {
-    const float x = load(a, F);
-    sum += x * x;
+    element(a);
   }
   for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
        a += kThreads * 16) {
-    const auto x = unpack<F>(__ldcg(reinterpret_cast<const uint4*>(a)));
-#pragma unroll
-    for (int i = 0; i < Vector<F>::kN; ++i) {
-      sum += x.v[i] * x.v[i];
-    }
+    vector(reinterpret_cast<uint4*>(a));
   }
+}
+
+// This thread's sum of squares over the block's span.
+template <ClipFormat F>
+__device__ float sum_squares(const Span& s) {
+  float sum = 0.f;
+  visit<F>(
+      s,
+      [&](uintptr_t a) {
+        const float x = load(a, F);
+        sum += x * x;
+      },
+      [&](const uint4* p) {
+        const auto x = unpack<F>(__ldcg(p));
+#pragma unroll
+        for (int i = 0; i < Vector<F>::kN; ++i) {
+          sum += x.v[i] * x.v[i];
+        }
+      });
   return sum;
 }
 
@@ -164,65 +181,47 @@ __device__ float unscale_one(float x, float inv_scale, bool& bad) {
 }
 
 // unscale_one() over the block's span, in place, and this thread's sum of
-// squares of the results in exactly sum_squares()'s order (so the block's
-// partial is bitwise the one sum_squares_kernel would write next).
+// squares of the results in sum_squares()'s order (so the block's partial is
+// bitwise the one sum_squares_kernel would write next).
 template <ClipFormat F>
 __device__ float unscale_sum_squares(const Span& s, float inv, bool& bad) {
-  constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
-  const auto thread = static_cast<uintptr_t>(threadIdx.x);
   float sum = 0.f;
-  for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
-       a += kThreads * kBytes) {
-    const float x = unscale_one<F>(load(a, F), inv, bad);
-    store(a, F, x);
-    sum += x * x;
-  }
-  for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
-       a += kThreads * kBytes) {
-    const float x = unscale_one<F>(load(a, F), inv, bad);
-    store(a, F, x);
-    sum += x * x;
-  }
-  for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
-       a += kThreads * 16) {
-    auto* p = reinterpret_cast<uint4*>(a);
-    auto x = unpack<F>(__ldcg(p));
+  visit<F>(
+      s,
+      [&](uintptr_t a) {
+        const float x = unscale_one<F>(load(a, F), inv, bad);
+        store(a, F, x);
+        sum += x * x;
+      },
+      [&](uint4* p) {
+        auto x = unpack<F>(__ldcg(p));
 #pragma unroll
-    for (int i = 0; i < Vector<F>::kN; ++i) {
-      x.v[i] = unscale_one<F>(x.v[i], inv, bad);
-    }
-    *p = pack<F>(x);
+        for (int i = 0; i < Vector<F>::kN; ++i) {
+          x.v[i] = unscale_one<F>(x.v[i], inv, bad);
+        }
+        *p = pack<F>(x);
 #pragma unroll
-    for (int i = 0; i < Vector<F>::kN; ++i) {
-      sum += x.v[i] * x.v[i];
-    }
-  }
+        for (int i = 0; i < Vector<F>::kN; ++i) {
+          sum += x.v[i] * x.v[i];
+        }
+      });
   return sum;
 }
 
 // Multiplies the block's span by `coef`.
 template <ClipFormat F>
 __device__ void scale(const Span& s, float coef) {
-  constexpr uintptr_t kBytes = F == ClipFormat::kFloat ? 4 : 2;
-  const auto thread = static_cast<uintptr_t>(threadIdx.x);
-  for (uintptr_t a = s.lo + thread * kBytes; a < s.vector_lo;
-       a += kThreads * kBytes) {
-    store(a, F, load(a, F) * coef);
-  }
-  for (uintptr_t a = s.vector_hi + thread * kBytes; a < s.hi;
-       a += kThreads * kBytes) {
-    store(a, F, load(a, F) * coef);
-  }
-  for (uintptr_t a = s.vector_lo + thread * 16; a < s.vector_hi;
-       a += kThreads * 16) {
-    auto* p = reinterpret_cast<uint4*>(a);
-    auto x = unpack<F>(__ldcg(p));
+  visit<F>(
+      s,
+      [&](uintptr_t a) { store(a, F, load(a, F) * coef); },
+      [&](uint4* p) {
+        auto x = unpack<F>(__ldcg(p));
 #pragma unroll
-    for (int i = 0; i < Vector<F>::kN; ++i) {
-      x.v[i] *= coef;
-    }
-    *p = pack<F>(x);
-  }
+        for (int i = 0; i < Vector<F>::kN; ++i) {
+          x.v[i] *= coef;
+        }
+        *p = pack<F>(x);
+      });
 }
 
 // The block's sum of `value` over its threads, in a fixed order.
