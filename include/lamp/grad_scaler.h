@@ -196,10 +196,14 @@ class LAMP_API GradScaler {
   void lazy_init_scale_growth_tracker(c10::Device device);
   void check_scale(const char* funcname) const;
   OptimizerState& state_of(const torch::optim::Optimizer& optimizer);
+  // keep_sums: also keep the sums of squares for a clip_grad_norm_ next
+  // (only an explicit unscale_ can be followed by one).
   PerDevice unscale_grads_(
       torch::optim::Optimizer& optimizer,
       const torch::Tensor& inv_scale,
-      bool allow_fp16);
+      bool allow_fp16,
+      bool keep_sums = false);
+  void unscale_checked_(torch::optim::Optimizer& optimizer, bool keep_sums);
 
   GradScalerOptions options_;
   torch::Tensor scale_;

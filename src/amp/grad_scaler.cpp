@@ -151,7 +151,8 @@ std::vector<torch::Tensor> GradScaler::scale(
 GradScaler::PerDevice GradScaler::unscale_grads_(
     torch::optim::Optimizer& optimizer,
     const torch::Tensor& inv_scale,
-    bool allow_fp16) {
+    bool allow_fp16,
+    bool keep_sums) {
   struct Group {
     c10::Device device;
     c10::ScalarType dtype = c10::ScalarType::Undefined;
@@ -205,7 +206,7 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     // One kernel that also keeps the sums of squares for a clip_grad_norm_
     // next (Note [Sums kept from the unscale]); ATen's where it does not
     // apply.
-    if (!inv_scale.is_same(ones_) &&
+    if (keep_sums && !inv_scale.is_same(ones_) &&
         detail::unscale_keeping_sums(group.grads, found_inf, inv)) {
       continue;
     }
@@ -231,6 +232,12 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  unscale_checked_(optimizer, /*keep_sums=*/true);
+}
+
+void GradScaler::unscale_checked_(
+    torch::optim::Optimizer& optimizer,
+    bool keep_sums) {
   if (!options_.enabled()) {
     return;
   }
@@ -249,7 +256,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   // graphed step.
   auto inv_scale = at::empty_like(scale_);
   at::div_out(inv_scale, at::scalar_tensor(1.0, at::kDouble), scale_);
-  state.found_inf_per_device = unscale_grads_(optimizer, inv_scale, false);
+  state.found_inf_per_device =
+      unscale_grads_(optimizer, inv_scale, false, keep_sums);
   state.stage = Stage::kUnscaled;
 }
 
@@ -290,7 +298,8 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
 
   if (state->stage == Stage::kReady) {
-    unscale_(optimizer);
+    // No clip can come between this unscale and the step: ATen's kernel.
+    unscale_checked_(optimizer, /*keep_sums=*/false);
     state = &state_of(optimizer);
   }
   TORCH_CHECK(
