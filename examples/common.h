@@ -96,6 +96,49 @@ inline std::optional<torch::Device> ddp_device(
   return pg.device();
 }
 
+/// Where an example runs: its process group (null without `--ddp`) and its
+/// device, or, when it cannot run, the exit status to return (`exit_status`
+/// non-zero, its reason printed as "<program>: ..."): 2 for a `--device` that
+/// the world cannot take, `kSkip` for CUDA asked for (`--device cuda`,
+/// `--cuda-graph`) where there is none.
+struct RunPlace {
+  std::shared_ptr<lamp::dist::ProcessGroup> pg;
+  torch::Device device{torch::kCPU};
+  int exit_status = 0;
+};
+
+inline RunPlace place_run(
+    const char* program,
+    bool ddp,
+    const std::string& device_flag,
+    bool cuda_graph) {
+  RunPlace place;
+  std::optional<torch::Device> device;
+  try {
+    if (ddp) {
+      place.pg = lamp::dist::init_process_group();
+    }
+    device = place.pg ? ddp_device(*place.pg, device_flag)
+                      : pick_device(device_flag);
+  } catch (const c10::Error& e) {
+    std::cerr << program << ": " << e.what_without_backtrace() << "\n";
+    place.exit_status = 2;
+    return place;
+  }
+  if (!device) {
+    std::cerr << program << ": --device cuda but no CUDA device is available\n";
+    place.exit_status = kSkip;
+    return place;
+  }
+  if (cuda_graph && !device->is_cuda()) {
+    std::cerr << program << ": --cuda-graph needs a CUDA device\n";
+    place.exit_status = kSkip;
+    return place;
+  }
+  place.device = *device;
+  return place;
+}
+
 /// Rank and world size of a run; a run without `--ddp` (null `pg`) is rank 0
 /// of 1.
 inline int64_t rank(const std::shared_ptr<lamp::dist::ProcessGroup>& pg) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/launchers.h"
 #include "oracle_client.h"
 
 // Set by tests/CMakeLists.txt: the python whose torch is lamp's LibTorch (""
@@ -214,37 +215,7 @@ inline std::vector<std::string> names_in(const std::string& dir) {
 /// The launcher variables lamp::dist reads (torchrun, Slurm, Open MPI,
 /// PMI), which `ScopedEnv` clears.
 inline const std::vector<std::string>& launcher_variables() {
-  static const std::vector<std::string> names{
-      "RANK",
-      "WORLD_SIZE",
-      "LOCAL_RANK",
-      "LOCAL_WORLD_SIZE",
-      "MASTER_ADDR",
-      "MASTER_PORT",
-      "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_RESTART_COUNT",
-      "OMPI_COMM_WORLD_RANK",
-      "OMPI_COMM_WORLD_SIZE",
-      "OMPI_COMM_WORLD_LOCAL_RANK",
-      "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "PMI_RANK",
-      "PMI_SIZE",
-      "MPI_LOCALRANKID",
-      "MPI_LOCALNRANKS",
-      "SLURM_PROCID",
-      "SLURM_NTASKS",
-      "SLURM_NPROCS",
-      "SLURM_LOCALID",
-      "SLURM_STEP_NODELIST",
-      "SLURM_NODELIST",
-      "SLURM_JOB_NODELIST",
-      "SLURM_STEP_NUM_NODES",
-      "SLURM_NNODES",
-      "SLURM_JOB_NUM_NODES",
-      "SLURM_JOB_ID",
-      "SLURM_JOBID"};
-  return names;
+  return lamp::dist::detail::launcher_variables();
 }
 
 /// Clears the launcher variables, sets `values` for the scope of one test

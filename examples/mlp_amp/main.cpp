@@ -424,28 +424,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
-  std::shared_ptr<lamp::dist::ProcessGroup> pg;
-  std::optional<torch::Device> device;
-  try {
-    if (opt.ddp) {
-      pg = lamp::dist::init_process_group();
-    }
-    device = pg ? examples::ddp_device(*pg, opt.device)
-                : examples::pick_device(opt.device);
-  } catch (const c10::Error& e) {
-    std::cerr << "mlp_amp: " << e.what_without_backtrace() << "\n";
-    return 2;
+  const examples::RunPlace place =
+      examples::place_run("mlp_amp", opt.ddp, opt.device, opt.cuda_graph);
+  if (place.exit_status != 0) {
+    return place.exit_status;
   }
-  if (!device) {
-    std::cerr << "mlp_amp: --device cuda but no CUDA device is available\n";
-    return examples::kSkip;
-  }
-  if (opt.cuda_graph && !device->is_cuda()) {
-    std::cerr << "mlp_amp: --cuda-graph needs a CUDA device\n";
-    return examples::kSkip;
-  }
+  const std::shared_ptr<lamp::dist::ProcessGroup>& pg = place.pg;
+  const torch::Device& device = place.device;
   if (opt.precision.empty()) {
-    opt.precision = device->is_cuda() ? "fp16" : "bf16";
+    opt.precision = device.is_cuda() ? "fp16" : "bf16";
   }
   std::vector<std::string> names = {opt.precision};
   if (opt.precision == "all") {
@@ -458,7 +445,7 @@ int main(int argc, char** argv) {
   }
   Data data;
   try {
-    data = load(opt.data, *device);
+    data = load(opt.data, device);
   } catch (const std::exception& e) {
     std::cerr << "mlp_amp: " << e.what() << "\n";
     return 2;
@@ -468,7 +455,7 @@ int main(int argc, char** argv) {
     std::cout << lamp::build_info() << "\n"
               << "mlp_amp: MLP 784-512-10 on Fashion-MNIST ("
               << data.train_x.size(0) << " train, " << data.test_x.size(0)
-              << " test images) on " << *device << ", batch " << opt.batch_size
+              << " test images) on " << device << ", batch " << opt.batch_size
               << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << " ("
               << opt.run.lr_schedule << " schedule"
               << (opt.run.warmup_steps > 0
@@ -492,7 +479,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto& name : names) {
       results.push_back(
-          train(opt, *device, pg, examples::precision(name), data, metrics));
+          train(opt, device, pg, examples::precision(name), data, metrics));
     }
   } catch (const std::exception& e) {
     return examples::report_failure("mlp_amp", e);
@@ -501,7 +488,7 @@ int main(int argc, char** argv) {
   if (print && pg) {
     std::printf(
         "\n%s: %lld (DDP)",
-        device->is_cuda() ? "GPUs" : "processes",
+        device.is_cuda() ? "GPUs" : "processes",
         static_cast<long long>(pg->world_size()));
   }
   if (print) {

@@ -446,28 +446,14 @@ int main(int argc, char** argv) {
       "TRACE.<precision>[.rank<R>].json");
   CLI11_PARSE(app, argc, argv);
 
-  std::shared_ptr<lamp::dist::ProcessGroup> pg;
-  std::optional<torch::Device> device;
-  try {
-    if (opt.ddp) {
-      pg = lamp::dist::init_process_group();
-    }
-    device = pg ? examples::ddp_device(*pg, opt.device)
-                : examples::pick_device(opt.device);
-  } catch (const c10::Error& e) {
-    std::cerr << "resnet50_amp: " << e.what_without_backtrace() << "\n";
-    return 2;
+  const examples::RunPlace place =
+      examples::place_run("resnet50_amp", opt.ddp, opt.device, opt.cuda_graph);
+  if (place.exit_status != 0) {
+    return place.exit_status;
   }
-  if (!device) {
-    std::cerr
-        << "resnet50_amp: --device cuda but no CUDA device is available\n";
-    return examples::kSkip;
-  }
-  const bool cuda = device->is_cuda();
-  if (opt.cuda_graph && !cuda) {
-    std::cerr << "resnet50_amp: --cuda-graph needs a CUDA device\n";
-    return examples::kSkip;
-  }
+  const std::shared_ptr<lamp::dist::ProcessGroup>& pg = place.pg;
+  const torch::Device& device = place.device;
+  const bool cuda = device.is_cuda();
   const bool print = examples::rank(pg) == 0;
   if (!cuda && print) {
     std::cout << "resnet50_amp: no GPU in use: a small CPU run (bf16 "
@@ -509,7 +495,7 @@ int main(int argc, char** argv) {
                           " steps (+" + std::to_string(opt.warmup) + " warm-up)"
                                        : std::to_string(opt.data.epochs) +
                           " epochs of " + opt.data.dir)
-              << " on " << *device << "\n";
+              << " on " << device << "\n";
     if (pg) {
       std::cout << "resnet50_amp: DDP over " << pg->world_size()
                 << " processes, batch " << opt.batch_size << " each\n";
@@ -521,7 +507,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto& name : names) {
       results.push_back(
-          train(opt, *device, pg, examples::precision(name), metrics));
+          train(opt, device, pg, examples::precision(name), metrics));
     }
   } catch (const std::exception& e) {
     return examples::report_failure("resnet50_amp", e);

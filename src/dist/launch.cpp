@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 // Note [Launch environment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -55,39 +56,43 @@ using detail::how_to_launch;
 using detail::read_launcher;
 using detail::Variables;
 
-// Every variable launch_config reads: `launch_config(options)` copies these
-// from the process environment and shares the map overload's code.
-constexpr const char* kVariables[] = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RESTART_COUNT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_NPROCS",
-    "SLURM_LOCALID",
-    "SLURM_STEP_NODELIST",
-    "SLURM_NODELIST",
-    "SLURM_JOB_NODELIST",
-    "SLURM_STEP_NUM_NODES",
-    "SLURM_NNODES",
-    "SLURM_JOB_NUM_NODES",
-    "SLURM_JOB_ID",
-    "SLURM_JOBID",
-};
+} // namespace
+
+const std::vector<std::string>& detail::launcher_variables() {
+  static const std::vector<std::string> names{
+      "RANK",
+      "WORLD_SIZE",
+      "LOCAL_RANK",
+      "LOCAL_WORLD_SIZE",
+      "MASTER_ADDR",
+      "MASTER_PORT",
+      "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_RESTART_COUNT",
+      "OMPI_COMM_WORLD_RANK",
+      "OMPI_COMM_WORLD_SIZE",
+      "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE",
+      "PMI_RANK",
+      "PMI_SIZE",
+      "MPI_LOCALRANKID",
+      "MPI_LOCALNRANKS",
+      "SLURM_PROCID",
+      "SLURM_NTASKS",
+      "SLURM_NPROCS",
+      "SLURM_LOCALID",
+      "SLURM_STEP_NODELIST",
+      "SLURM_NODELIST",
+      "SLURM_JOB_NODELIST",
+      "SLURM_STEP_NUM_NODES",
+      "SLURM_NNODES",
+      "SLURM_JOB_NUM_NODES",
+      "SLURM_JOB_ID",
+      "SLURM_JOBID"};
+  return names;
+}
+
+namespace {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "ip6-localhost" ||
@@ -118,8 +123,8 @@ const char* to_string(Launcher launcher) {
 
 LaunchConfig launch_config(const ProcessGroupOptions& options) {
   Environment env;
-  for (const char* name : kVariables) {
-    if (const char* value = std::getenv(name)) {
+  for (const std::string& name : detail::launcher_variables()) {
+    if (const char* value = std::getenv(name.c_str())) {
       env[name] = value;
     }
   }

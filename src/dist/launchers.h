@@ -4,6 +4,7 @@
 // Note [Launch environment] in launch.cpp).
 
 #include <lamp/dist/launch.h>
+#include <lamp/export.h>
 
 #include <c10/util/Exception.h>
 
@@ -12,8 +13,14 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace lamp::dist::detail {
+
+/// Every environment variable `launch_config` reads (torchrun, Slurm, Open
+/// MPI, PMI): `launch_config(options)` copies these from the process
+/// environment; tests clear them to run in a known environment.
+LAMP_API const std::vector<std::string>& launcher_variables();
 
 /// Lookups in an Environment; an empty variable counts as unset, a
 /// malformed integer is a c10::ValueError naming it.
