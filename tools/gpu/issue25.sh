@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs and dct): any of build tests sets loader probe roi
-# e2e epochs dct, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct and prio): any of build tests sets loader probe
+# roi e2e epochs dct prio, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -128,22 +128,13 @@ if want roi; then
         2>> "$OUT/roi.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/roi.jsonl"
     done
   done
-  run_loader() { # SET ENV... -- ARGS
-    local set=$1; shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env "${envs[@]}" timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 80 "$@" \
-      2>> "$OUT/roi.err" | sed "s/^{/{\"set\": \"$set\", \"env\": \"${envs[*]}\", /" |
-      tee -a "$OUT/roi.jsonl"
-  }
   for set in photo hard; do
-    run_loader $set LAMP_GPU_ROI=0 -- --decode auto
-    run_loader $set LAMP_GPU_ROI=1 -- --decode auto
-    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_NICE=5 -- --decode auto
-    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_BATCH=1 LAMP_DECODE_NICE=10 -- --decode auto
-    run_loader $set LAMP_GPU_ROI=1 LAMP_DECODE_NICE=5 -- --decode auto --stage-threads 3
-    run_loader $set LAMP_GPU_ROI=1 -- --decode gpu --stage-threads 3
+    for args in "--decode auto --no-partial-decode --decode-nice 0" "--decode auto --decode-nice 0" \
+        "--decode auto" "--decode auto --decode-nice 10" "--decode auto --stage-threads 3" \
+        "--decode gpu --stage-threads 3"; do
+      timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 80 $args \
+        2>> "$OUT/roi.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/roi.jsonl"
+    done
   done
 fi
 
@@ -207,5 +198,24 @@ if want dct; then
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/dct_*.jsonl
+fi
+if want prio; then
+  # The decode threads' nice value end to end (--decode-nice, default 5):
+  # beside the training step the stage threads (nvJPEG's host work) and the
+  # training thread compete with 16 decode threads for 16 cores; a nice-0
+  # thread sharing a core with a nice-5 one gets ~75 % of it, with a nice-19
+  # one ~98 %. Three epochs on the hard set each way, every step timed.
+  say "decode priority A/B"
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+    --metrics "$OUT/prio_synthetic.jsonl" > "$OUT/prio_synthetic.log" 2>&1
+  for nice in ${NICES:-5 10 19}; do
+    timeout 150 $R $COMMON --data $B/sets/${PRIO_SET:-hard} --epochs ${EPOCHS:-3} --warmup 5 \
+      --workers 16 --log-every 1 --decode-nice $nice \
+      --metrics "$OUT/prio_nice$nice.jsonl" > "$OUT/prio_nice$nice.log" 2>&1
+    say "prio nice $nice exit $?"
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/prio_*.jsonl
 fi
 say "done"
