@@ -119,7 +119,7 @@ fi
 if want roi; then
   # nvJPEG's ROI decode (the training crop only) against whole images, the
   # decoder alone; then the loader with and without it, and with the decode
-  # threads at a lower priority than the stage threads (nice, SCHED_BATCH).
+  # threads at a lower priority than the stage threads (--decode-nice).
   say "roi + priority"
   N=$B/benchmarks/nvjpeg_decoder
   for set in photo hard; do
