@@ -1,36 +1,62 @@
 #!/usr/bin/env bash
-# cuDNN's Dgrad+Drelu+BNBwdWeight ("DBN") fusion from C++ against ATen's
-# unfused backward, layer by layer, on a GPU host (a few minutes).
+# The standalone cuDNN probes (CUDA runtime + cuDNN + the header-only
+# cudnn-frontend; no LibTorch; the shared harness is benchmarks/cudnn_probe.h)
+# on a GPU host. PROBE names one or more of them, run in that order:
 #
-# 1. builds benchmarks/dbn_weight_probe.cpp (CUDA runtime + cuDNN + the
-#    header-only cudnn-frontend; no LibTorch) into build-gpu/dbn_weight_probe,
-#    unless the binary there was built from this very source (a sha256 of it
-#    beside the binary), then runs it;
-# 2. times ATen's side of the same 32 convolutions (dgrad through
-#    aten.convolution_backward, ReLU backward through threshold_backward,
-#    BatchNorm backward through cudnn_batch_norm_backward, the operands of
-#    benchmarks/bn_fusion_backward_probe.py) the same way (median of 20
-#    runs queued behind a GPU sleep, a CUDA event between runs) and with
-#    Kineto (as benchmarks/README.md's tables), and prints both side by side.
+#   dbn_weight_probe   cuDNN's Dgrad+Drelu+BNBwdWeight ("DBN") fusion against
+#                      ATen's unfused backward, the 32 convolutions whose
+#                      input is a BatchNorm+ReLU output (a few minutes);
+#   mlperf_form_probe  ResNet-50 in MLPerf's form (genstats, bn_finalize,
+#                      BN+ReLU in the next convolution's prologue, the bn3
+#                      pass, wgrad with the prologue) against lamp's path
+#                      today (convolution + cuDNN's legacy NHWC BatchNorm
+#                      kernels), all 52 convolutions (several minutes a
+#                      batch size).
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/dbn_weight_probe.sh
-# Env: BATCH_SIZES (64,256), PROBE_ARGS (more flags for the probe),
-# PROBE_TIMEOUT (seconds; the probe's rows so far stay in the log), ATEN=0
-# (skip step 2), BUILD_ONLY=1 with BIN=<path> (only build, into BIN).
+# 1. builds each named benchmarks/<probe>.cpp into build-gpu/<probe>, all
+#    at once, unless the binary there was built from these very sources (a
+#    sha256 of the .cpp and cudnn_probe.h beside the binary);
+# 2. runs each probe in turn (its rows so far stay in the log if it is
+#    stopped). mlperf_form_probe gets dbn_weight_probe's CSV (--dbn-csv) from
+#    DBN_CSV, else from $OUT when a dbn_weight_probe ran before it into the
+#    same OUT, so that its MLPerf-form backward is complete;
+# 3. after dbn_weight_probe only (ATEN=0 skips it): times ATen's side of the
+#    same 32 convolutions (dgrad through aten.convolution_backward, ReLU
+#    backward through threshold_backward, BatchNorm backward through
+#    cudnn_batch_norm_backward, the operands of
+#    benchmarks/bn_fusion_backward_probe.py) the same way (median of 20 runs
+#    queued behind a GPU sleep, a CUDA event between runs) and with Kineto
+#    (as benchmarks/README.md's tables), and prints both side by side.
+#
+# Run from the repository root, e.g.
+#   PROBE="dbn_weight_probe mlperf_form_probe" ATEN=0 BATCH_SIZES=64 \
+#     OUT=<dir> tools/gpu/cudnn_probe.sh
+# Env: PROBE (required), BATCH_SIZES (64,256), PROBE_ARGS (more flags for
+# every probe), PROBE_TIMEOUT (seconds, for each probe), ATEN=0, DBN_CSV,
+# BUILD_ONLY=1 (only build; with one PROBE, BIN=<path> builds there).
 # Needs: nvcc's host compiler (g++), python3 with torch and nvidia-cudnn-cu13
 # (cuDNN's headers and libraries), and cudnn-frontend's headers in
 # .deps/cudnn_frontend/include (PyPI nvidia-cudnn-frontend's wheel ships
 # them: unzip its include/ there; pass carry [".deps"]).
-# Writes to $OUT: build.log, dbn_weight_probe.log, dbn_weight_probe.csv,
-# aten.log.
+# Writes to $OUT, for each probe: build-<probe>.log, <probe>.log,
+# <probe>.csv; aten.log after dbn_weight_probe.
 set -u
 ROOT=$PWD
-OUT=${OUT:-$ROOT/out/dbn_weight_probe}
+PROBES=${PROBE:-}
+[ -n "$PROBES" ] || { echo "set PROBE to dbn_weight_probe and/or mlperf_form_probe"; exit 2; }
+for p in $PROBES; do
+  case $p in
+    dbn_weight_probe | mlperf_form_probe) ;;
+    *) echo "unknown PROBE '$p' (dbn_weight_probe, mlperf_form_probe)"; exit 2 ;;
+  esac
+done
+# shellcheck disable=SC2086 # PROBE is a list of names
+set -- $PROBES
+[ -z "${BIN:-}" ] || [ $# = 1 ] || { echo "BIN goes with one PROBE"; exit 2; }
+OUT=${OUT:-$ROOT/out/$(echo "$@" | tr ' ' '+')}
 mkdir -p "$OUT"
-BIN=${BIN:-$ROOT/build-gpu/dbn_weight_probe}
-SRC=$ROOT/benchmarks/dbn_weight_probe.cpp
 T0=$(date +%s)
-say() { echo "[dbn_weight_probe $(($(date +%s) - T0))s] $*"; }
+say() { echo "[cudnn_probe $(($(date +%s) - T0))s] $*"; }
 
 CUDNN=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])" 2>/dev/null)
 CUDA=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
@@ -46,31 +72,57 @@ CUDART=$CUDA/lib64
 [ -d "$CUDART" ] || CUDART=$CUDA/lib
 export LD_LIBRARY_PATH="$CUDNN/lib:$CUDART:${LD_LIBRARY_PATH:-}"
 
+bin_of() { echo "${BIN:-$ROOT/build-gpu/$1}"; }
+src_sum() { cat "$ROOT/benchmarks/$1.cpp" "$ROOT/benchmarks/cudnn_probe.h" | sha256sum | cut -d' ' -f1; }
+# NOTE: -isystem: the frontend's own headers are not ours to warn about.
 build() {
-  mkdir -p "$(dirname "$BIN")"
-  say "building $BIN (cuDNN $CUDNN, CUDA $CUDA, frontend $FE)"
-  g++ -std=c++17 -O2 -I"$FE" -I"$CUDNN/include" -I"$CUDA/include" "$SRC" -o "$BIN" \
+  local bin
+  bin=$(bin_of "$1")
+  mkdir -p "$(dirname "$bin")"
+  echo "building $bin (cuDNN $CUDNN, CUDA $CUDA, frontend $FE)"
+  g++ -std=c++17 -O2 -Wall -Wextra -isystem "$FE" -I"$CUDNN/include" -I"$CUDA/include" \
+    "$ROOT/benchmarks/$1.cpp" -o "$bin" \
     -L"$CUDNN/lib" -l:libcudnn.so.9 -L"$CUDART" -lcudart -lnvrtc -ldl -pthread \
-    -Wl,-rpath,"$CUDNN/lib"
+    -Wl,-rpath,"$CUDNN/lib" && src_sum "$1" > "$bin.src-sha256"
 }
-SUM=$(sha256sum "$SRC" | cut -d' ' -f1)
-if [ "${BUILD_ONLY:-0}" = 1 ]; then
-  build && sha256sum "$SRC" | cut -d' ' -f1 > "$BIN.src-sha256"
-  exit $?
-fi
-if [ -x "$BIN" ] && [ "$(cat "$BIN.src-sha256" 2>/dev/null)" = "$SUM" ]; then
-  say "up to date: $BIN"
-else
-  { build && echo "$SUM" > "$BIN.src-sha256"; } > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
-fi
 
-say "probe"
-${PROBE_TIMEOUT:+timeout "$PROBE_TIMEOUT"} "$BIN" --batch-sizes "${BATCH_SIZES:-64,256}" --csv "$OUT/dbn_weight_probe.csv" ${PROBE_ARGS:-} \
-  2>&1 | tee "$OUT/dbn_weight_probe.log"
-[ "${ATEN:-1}" = 0 ] && exit 0
+# Builds what is out of date, in parallel (each compile takes a core and a
+# minute or two).
+pids=()
+for p in "$@"; do
+  if [ "${BUILD_ONLY:-0}" != 1 ] && [ -x "$(bin_of "$p")" ] &&
+    [ "$(cat "$(bin_of "$p").src-sha256" 2>/dev/null)" = "$(src_sum "$p")" ]; then
+    say "up to date: $(bin_of "$p")"
+    continue
+  fi
+  say "building $p"
+  build "$p" > "$OUT/build-$p.log" 2>&1 &
+  pids+=("$!:$p")
+done
+failed=0
+for pp in ${pids[@]+"${pids[@]}"}; do
+  wait "${pp%%:*}" || { cat "$OUT/build-${pp#*:}.log"; failed=1; }
+done
+[ "$failed" = 0 ] || exit 1
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 
-say "ATen"
-PYTHONUNBUFFERED=1 python3 - "$OUT/dbn_weight_probe.csv" "${BATCH_SIZES:-64,256}" <<'EOF' 2>&1 | tee "$OUT/aten.log"
+for p in "$@"; do
+  say "$p"
+  args=(--batch-sizes "${BATCH_SIZES:-64,256}" --csv "$OUT/$p.csv")
+  if [ "$p" = mlperf_form_probe ]; then
+    dbn_csv=${DBN_CSV:-}
+    [ -n "$dbn_csv" ] || [ ! -f "$OUT/dbn_weight_probe.csv" ] || dbn_csv=$OUT/dbn_weight_probe.csv
+    [ -z "$dbn_csv" ] || { say "with --dbn-csv $dbn_csv"; args+=(--dbn-csv "$dbn_csv"); }
+  fi
+  # shellcheck disable=SC2086 # PROBE_ARGS is a list of flags
+  ${PROBE_TIMEOUT:+timeout "$PROBE_TIMEOUT"} "$(bin_of "$p")" "${args[@]}" ${PROBE_ARGS:-} \
+    2>&1 | tee "$OUT/$p.log"
+  if [ "$p" != dbn_weight_probe ] || [ "${ATEN:-1}" = 0 ]; then
+    continue
+  fi
+
+  say "ATen"
+  PYTHONUNBUFFERED=1 python3 - "$OUT/dbn_weight_probe.csv" "${BATCH_SIZES:-64,256}" <<'EOF' 2>&1 | tee "$OUT/aten.log"
 import csv, statistics, sys, warnings
 
 import torch
@@ -147,4 +199,5 @@ for n in [int(b) for b in sys.argv[2].split(",")]:
     print(f"batch {n}, over the {same[2]} convolutions where C++ dbn and dx pass ran: ATen dgrad + ReLU bwd + "
           f"BN bwd {same[0]:.3f} ms, C++ dbn + dx pass {same[1]:.3f} ms")
 EOF
+done
 say "done"
