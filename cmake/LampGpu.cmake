@@ -1,4 +1,5 @@
-# Decides LAMP_WITH_CUDA, LAMP_WITH_NCCL, LAMP_WITH_CUDNN and LAMP_WITH_NVJPEG
+# Decides LAMP_WITH_CUDA, LAMP_WITH_NCCL, LAMP_WITH_CUDNN,
+# LAMP_WITH_CUDNN_FRONTEND and LAMP_WITH_NVJPEG
 # after LibTorch has been found. All default to ON when LibTorch is a CUDA
 # build and the CUDA toolkit (and NCCL, cuDNN, nvJPEG) are found, so CPU-only
 # machines with the toolkit still compile the GPU paths. Explicit ON that
@@ -73,6 +74,23 @@ if(LAMP_WITH_CUDNN AND NOT _lamp_cudnn_ok)
     "LAMP_WITH_CUDA). Set CUDNN_ROOT, or configure with -DLAMP_WITH_CUDNN=OFF.")
 endif()
 
+set(_lamp_cudnn_frontend_ok OFF)
+if(LAMP_WITH_CUDNN)
+  find_package(CudnnFrontend)
+  set(_lamp_cudnn_frontend_ok ${CudnnFrontend_FOUND})
+endif()
+option(LAMP_WITH_CUDNN_FRONTEND
+       "Build lamp's cuDNN graph code (cudnn-frontend; default: on when found)"
+       ${_lamp_cudnn_frontend_ok})
+if(LAMP_WITH_CUDNN_FRONTEND AND NOT _lamp_cudnn_frontend_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_CUDNN_FRONTEND=ON but cudnn-frontend's headers were not "
+    "found (it also needs LAMP_WITH_CUDNN). pip install --no-deps "
+    "nvidia-cudnn-frontend next to torch, set CUDNN_FRONTEND_ROOT to a folder "
+    "with include/cudnn_frontend.h, or configure with "
+    "-DLAMP_WITH_CUDNN_FRONTEND=OFF.")
+endif()
+
 set(_lamp_nvjpeg_ok OFF)
 if(LAMP_WITH_CUDA)
   find_package(NVJPEG)
@@ -105,6 +123,12 @@ if(LAMP_WITH_CUDNN)
   message(STATUS "lamp: cuDNN ${CUDNN_VERSION} (${CUDNN_LIBRARY})")
 else()
   message(STATUS "lamp: without cuDNN (fused BatchNorm falls back to ATen ops)")
+endif()
+if(LAMP_WITH_CUDNN_FRONTEND)
+  message(STATUS "lamp: cudnn-frontend ${CudnnFrontend_VERSION} "
+                 "(${CudnnFrontend_INCLUDE_DIR})")
+else()
+  message(STATUS "lamp: without cudnn-frontend (no cuDNN graph convolutions)")
 endif()
 if(LAMP_WITH_NVJPEG)
   message(STATUS "lamp: nvJPEG ${NVJPEG_VERSION} (${NVJPEG_LIBRARY})")

@@ -14,6 +14,7 @@
 
 set(LAMP_TORCH_PIN "2.11.0")
 set(LAMP_TORCHVISION_PIN "0.26.0")
+set(LAMP_CUDNN_FRONTEND_PIN "1.32.0")
 set(LAMP_VENV_DIR "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
     "Project-local virtual environment used when no LibTorch is found otherwise")
 option(LAMP_TORCH_VENV
@@ -206,6 +207,26 @@ if(NOT LAMP_TORCH_SOURCE)
     if(NOT rc EQUAL 0)
       message(WARNING "lamp: could not install torchvision; the ResNet-50 "
                       "comparison test will be skipped")
+    endif()
+  endif()
+  # cudnn-frontend's headers (lamp's cuDNN graph code) beside a CUDA torch:
+  # headers only, so without the package's Python dependencies.
+  get_filename_component(_site "${_prefix}/../../.." ABSOLUTE)
+  execute_process(
+    COMMAND "${_venv_python}" -c
+      "import sys, torch; sys.exit(0 if torch.version.cuda else 1)"
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(rc EQUAL 0 AND NOT EXISTS "${_site}/include/cudnn_frontend.h")
+    message(STATUS "lamp: installing PyPI nvidia-cudnn-frontend=="
+                   "${LAMP_CUDNN_FRONTEND_PIN} (headers) into ${LAMP_VENV_DIR}")
+    execute_process(
+      COMMAND "${_venv_python}" -m pip install --disable-pip-version-check
+              --progress-bar off --no-deps
+              "nvidia-cudnn-frontend==${LAMP_CUDNN_FRONTEND_PIN}"
+      RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(WARNING "lamp: could not install nvidia-cudnn-frontend; lamp's "
+                      "cuDNN graph code will not be built")
     endif()
   endif()
   _lamp_cuda_toolkit_from_pip("${_venv_python}" "${_prefix}")

@@ -3,7 +3,9 @@
 # libjpeg-turbo, libpng, GoogleTest, CLI11 and Fashion-MNIST (for
 # examples/mlp_amp's tests: on the host, copy
 # .deps/usr/share/datasets/fashion-mnist to /usr/share/datasets/) unpacked
-# with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg. Run on a
+# with dpkg -x, PyPI's nvidia-nvjpeg under .deps/nvjpeg and the headers of
+# PyPI's nvidia-cudnn-frontend under .deps/cudnn_frontend/include (lamp's
+# cmake/FindCudnnFrontend.cmake looks there). Run on a
 # machine with network, from the repository root; then pass carry [".deps"]
 # with each device call (tools/gpu/issue25.sh uses it).
 set -euo pipefail
@@ -18,5 +20,11 @@ mkdir -p "$D/debs"
 )
 python3 -m pip install --quiet --no-deps --target "$D/nvjpeg" \
   "nvidia-nvjpeg==${NVJPEG_VERSION:-13.*}"
+python3 -m pip download --quiet --no-deps --dest "$D/debs" \
+  "nvidia-cudnn-frontend==${CUDNN_FRONTEND_VERSION:-1.32.0}"
+rm -rf "$D/cudnn_frontend"
+mkdir -p "$D/cudnn_frontend"
+python3 -m zipfile -e "$D"/debs/nvidia_cudnn_frontend-*.whl "$D/debs/fe"
+mv "$D/debs/fe/include" "$D/cudnn_frontend/include"
 rm -rf "$D/debs"
 du -sh "$D"
