@@ -5,9 +5,11 @@
 // the convolutions' time and save BatchNorm a pass over each output).
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <tuple>
 #include <utility>
@@ -147,9 +149,19 @@ std::optional<ConvStats> conv2d_stats_cudnn(
   if (!input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     return refuse("the input is not channels-last contiguous");
   }
+  // The handle, the plan and the outputs are the input's device's.
+  const c10::cuda::CUDAGuard guard(input.device());
   // NOTE: a weight in another layout is copied (weights are small); the
   // model's own are channels-last after model->to(channels_last).
   const at::Tensor w = weight.contiguous(at::MemoryFormat::ChannelsLast);
+  // NOTE: cuDNN's kernels load 16 bytes at a time; a view that starts
+  // elsewhere would fail at launch, not at planning.
+  for (const at::Tensor* t : {&input, &w, &scale, &bias}) {
+    if (t->defined() &&
+        reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 != 0) {
+      return refuse("a tensor's data is not 16-byte aligned");
+    }
+  }
   Problem p{};
   p.n = input.size(0);
   p.c = input.size(1);
@@ -184,11 +196,13 @@ std::optional<ConvStats> conv2d_stats_cudnn(
       {p.n, p.k, p.out_h, p.out_w},
       input.options().memory_format(at::MemoryFormat::ChannelsLast));
   // NOTE: zeroed, in one kernel for both, whether genstats accumulates
-  // into its outputs or writes them.
+  // into its outputs or writes them; each row starts 64-byte aligned (cuDNN
+  // wants its pointers aligned).
+  const int64_t row = (p.k + 15) / 16 * 16;
   const at::Tensor sums =
-      at::zeros({2, p.k}, input.options().dtype(at::kFloat));
-  result.sum = sums[0];
-  result.sum_of_squares = sums[1];
+      at::zeros({2, row}, input.options().dtype(at::kFloat));
+  result.sum = sums[0].narrow(0, 0, p.k);
+  result.sum_of_squares = sums[1].narrow(0, 0, p.k);
   std::vector<void*> pointers{input.data_ptr(), w.data_ptr()};
   if (p.prologue) {
     pointers.push_back(scale.data_ptr());
