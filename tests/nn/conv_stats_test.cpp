@@ -289,8 +289,11 @@ TEST_F(ConvStatsGpu, ACapturedCallReplaysOnNewInputs) {
   torch::cuda::synchronize();
   const ConvStats eager = conv2d_stats(o.x, o.w, geo, o.scale, o.bias);
   EXPECT_TRUE(torch::equal(captured.output, eager.output));
-  EXPECT_TRUE(torch::equal(captured.sum, eager.sum));
-  EXPECT_TRUE(torch::equal(captured.sum_of_squares, eager.sum_of_squares));
+  // The sums may be reduced across thread blocks in any order (atomics):
+  // equal up to float rounding.
+  EXPECT_TRUE(torch::allclose(captured.sum, eager.sum, 1e-5, 1e-3));
+  EXPECT_TRUE(torch::allclose(
+      captured.sum_of_squares, eager.sum_of_squares, 1e-5, 1e-3));
 #else
   GTEST_FAIL() << "lamp was built without CUDA";
 #endif
