@@ -64,43 +64,6 @@ void check_finalize_arguments(
       sum_of_squares.defined(), "batch_norm_finalize: no sum of squares");
 }
 
-// The same arithmetic in ATen ops (the CPU's path, and the GPU tests'
-// reference).
-BatchNormFold finalize_composite(
-    const at::Tensor& sum,
-    const at::Tensor& sum_of_squares,
-    int64_t count,
-    const at::Tensor& weight,
-    const at::Tensor& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double momentum,
-    double eps,
-    at::ScalarType fold_type) {
-  const double n = static_cast<double>(count);
-  const at::Tensor mean = sum.to(at::kDouble) / n;
-  const at::Tensor var =
-      (sum_of_squares.to(at::kDouble) / n - mean * mean).clamp_min(0);
-  const at::Tensor invstd = (var + eps).rsqrt();
-  if (running_mean.defined()) {
-    running_mean.copy_(
-        running_mean.to(at::kDouble) * (1 - momentum) + mean * momentum);
-    running_var.copy_(
-        running_var.to(at::kDouble) * (1 - momentum) +
-        var * (momentum * n / (n - 1)));
-  }
-  const at::Tensor scale =
-      weight.defined() ? weight.to(at::kDouble) * invstd : invstd;
-  const at::Tensor shifted = -mean * scale;
-  const at::Tensor shift =
-      bias.defined() ? bias.to(at::kDouble) + shifted : shifted;
-  return {
-      mean.to(at::kFloat),
-      invstd.to(at::kFloat),
-      scale.to(at::kFloat).to(fold_type),
-      shift.to(at::kFloat).to(fold_type)};
-}
-
 } // namespace
 
 BatchNormFold batch_norm_finalize(
@@ -158,17 +121,30 @@ BatchNormFold batch_norm_finalize(
     return out;
   }
 #endif
-  return finalize_composite(
-      sum,
-      sum_of_squares,
-      count,
-      weight,
-      bias,
-      running_mean,
-      running_var,
-      momentum,
-      eps,
-      fold_type);
+  // The same arithmetic in ATen ops (the CPU's path, and the GPU tests'
+  // reference).
+  const double n = static_cast<double>(count);
+  const at::Tensor mean = sum.to(at::kDouble) / n;
+  const at::Tensor var =
+      (sum_of_squares.to(at::kDouble) / n - mean * mean).clamp_min(0);
+  const at::Tensor invstd = (var + eps).rsqrt();
+  if (running_mean.defined()) {
+    running_mean.copy_(
+        running_mean.to(at::kDouble) * (1 - momentum) + mean * momentum);
+    running_var.copy_(
+        running_var.to(at::kDouble) * (1 - momentum) +
+        var * (momentum * n / (n - 1)));
+  }
+  const at::Tensor scale =
+      weight.defined() ? weight.to(at::kDouble) * invstd : invstd;
+  const at::Tensor shifted = -mean * scale;
+  const at::Tensor shift =
+      bias.defined() ? bias.to(at::kDouble) + shifted : shifted;
+  return {
+      mean.to(at::kFloat),
+      invstd.to(at::kFloat),
+      scale.to(at::kFloat).to(fold_type),
+      shift.to(at::kFloat).to(fold_type)};
 }
 
 } // namespace lamp::nn::detail
