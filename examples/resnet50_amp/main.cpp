@@ -52,6 +52,7 @@ struct Options {
   bool channels_last = false;
   bool fused_bn = false;
   bool no_fused_bn = false;
+  bool fused_tail = false;
   bool no_cast_weights = false;
   bool cudnn_benchmark = false;
   bool ddp = false;
@@ -138,7 +139,8 @@ Result train(
           static_cast<long long>(data->steps_per_epoch()));
     }
   }
-  resnet::ResNet50 model(data ? data->num_classes() : 1000, fused_bn);
+  resnet::ResNet50 model(
+      data ? data->num_classes() : 1000, fused_bn, opt.fused_tail);
   model->to(device);
   if (opt.channels_last) {
     to_channels_last(*model);
@@ -352,6 +354,7 @@ Result train(
        {"channels_last", opt.channels_last},
        {"cudnn_benchmark", opt.cudnn_benchmark},
        {"fused_bn", fused_bn},
+       {"fused_tail", fused_bn && opt.fused_tail},
        {"cast_weights", cast_weights},
        {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
@@ -393,6 +396,12 @@ int main(int argc, char** argv) {
       "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
       "same unfused ops elsewhere (default: on for CUDA channels-last "
       "fp16/bf16)");
+  app.add_flag(
+      "--fused-tail",
+      opt.fused_tail,
+      "with the fused model, each bottleneck's last convolution, BatchNorm, "
+      "shortcut and ReLU as lamp::nn::conv_bn_add_relu (BatchNorm's "
+      "statistics from the convolutions' epilogues)");
   app.add_flag(
       "--no-cast-weights",
       opt.no_cast_weights,

@@ -13,9 +13,14 @@
 // lamp::nn::max_pool2d, each bottleneck's conv1
 // lamp::nn::conv1x1_and_shortcut and the head's pooling
 // lamp::nn::global_avg_pool2d. Names, parameters and results do not change.
+// With `fused_tail` too, each bottleneck's conv3 + bn3 + shortcut + ReLU
+// (and the downsampling convolution and its BatchNorm) is
+// lamp::nn::conv_bn_add_relu: BatchNorm's statistics from the convolutions'
+// epilogues, the rest in one pass.
 
 #include <lamp/nn/avg_pool.h>
 #include <lamp/nn/batch_norm_act.h>
+#include <lamp/nn/conv_bn_add_relu.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
 #include <torch/torch.h>
@@ -66,6 +71,11 @@ class BatchNormRelu {
     return torch::relu(out);
   }
 
+  /// The fused module (empty when not fused).
+  const lamp::nn::BatchNormAct2d& fused() const {
+    return fused_;
+  }
+
  private:
   torch::nn::BatchNorm2d plain_{nullptr};
   lamp::nn::BatchNormAct2d fused_{nullptr};
@@ -74,8 +84,14 @@ class BatchNormRelu {
 struct BottleneckImpl : torch::nn::Module {
   static constexpr int64_t kExpansion = 4;
 
-  BottleneckImpl(int64_t in, int64_t width, int64_t stride, bool fused_bn)
+  BottleneckImpl(
+      int64_t in,
+      int64_t width,
+      int64_t stride,
+      bool fused_bn,
+      bool fused_tail = false)
       : fused_bn_(fused_bn),
+        fused_tail_(fused_bn && fused_tail),
         conv1(register_module("conv1", conv(in, width, 1))),
         conv2(register_module("conv2", conv(width, width, 3, stride))),
         conv3(register_module("conv3", conv(width, width * kExpansion, 1))),
@@ -83,11 +99,10 @@ struct BottleneckImpl : torch::nn::Module {
         bn2(*this, "bn2", width, fused_bn),
         bn3(*this, "bn3", width * kExpansion, fused_bn) {
     if (stride != 1 || in != width * kExpansion) {
+      ds_conv_ = conv(in, width * kExpansion, 1, stride);
+      ds_bn_ = torch::nn::BatchNorm2d(width * kExpansion);
       downsample = register_module(
-          "downsample",
-          torch::nn::Sequential(
-              conv(in, width * kExpansion, 1, stride),
-              torch::nn::BatchNorm2d(width * kExpansion)));
+          "downsample", torch::nn::Sequential(ds_conv_, ds_bn_));
     }
   }
 
@@ -99,12 +114,22 @@ struct BottleneckImpl : torch::nn::Module {
         : std::pair{conv1(x), x};
     out = bn1(out); // relu(bn1(conv1(x)))
     out = bn2(conv2(out));
+    if (fused_tail_) {
+      return downsample
+          ? lamp::nn::conv_bn_add_relu(
+                out, conv3, bn3.fused(), shortcut, ds_conv_, ds_bn_)
+          : lamp::nn::conv_bn_add_relu(out, conv3, bn3.fused(), shortcut);
+    }
     return bn3(
         conv3(out), downsample ? downsample->forward(shortcut) : shortcut);
   }
 
  private:
   bool fused_bn_;
+  bool fused_tail_;
+  // downsample's modules ("downsample.0", "downsample.1").
+  torch::nn::Conv2d ds_conv_{nullptr};
+  torch::nn::BatchNorm2d ds_bn_{nullptr};
 
  public:
   // NOTE: declared (so registered) in the order torchvision's state dict
@@ -116,9 +141,15 @@ struct BottleneckImpl : torch::nn::Module {
 TORCH_MODULE(Bottleneck);
 
 struct ResNet50Impl : torch::nn::Module {
-  /// `fused_bn`: lamp::nn::BatchNormAct2d for each BatchNorm + ReLU.
-  explicit ResNet50Impl(int64_t num_classes = 1000, bool fused_bn = false)
+  /// `fused_bn`: lamp::nn::BatchNormAct2d for each BatchNorm + ReLU;
+  /// `fused_tail` (with `fused_bn`): lamp::nn::conv_bn_add_relu for each
+  /// bottleneck's tail.
+  explicit ResNet50Impl(
+      int64_t num_classes = 1000,
+      bool fused_bn = false,
+      bool fused_tail = false)
       : fused_bn_(fused_bn),
+        fused_tail_(fused_bn && fused_tail),
         conv1(register_module(
             "conv1",
             torch::nn::Conv2d(
@@ -171,6 +202,7 @@ struct ResNet50Impl : torch::nn::Module {
 
  private:
   bool fused_bn_;
+  bool fused_tail_;
   int64_t in_ = 64; // channels entering the next layer (used while building)
 
  public:
@@ -186,7 +218,8 @@ struct ResNet50Impl : torch::nn::Module {
       int64_t stride) {
     torch::nn::Sequential layer;
     for (int64_t i = 0; i < blocks; ++i) {
-      layer->push_back(Bottleneck(in_, width, i == 0 ? stride : 1, fused_bn_));
+      layer->push_back(Bottleneck(
+          in_, width, i == 0 ? stride : 1, fused_bn_, fused_tail_));
       in_ = width * BottleneckImpl::kExpansion;
     }
     return layer;

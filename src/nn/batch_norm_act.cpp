@@ -254,13 +254,7 @@ void BatchNormAct2dImpl::reset_parameters() {
   }
 }
 
-torch::Tensor BatchNormAct2dImpl::forward(
-    const torch::Tensor& input,
-    const torch::Tensor& residual) {
-  const std::string who =
-      c10::str("lamp::nn::BatchNormAct2d(", options.num_features(), ")");
-  const bool training = is_training() || !options.track_running_stats();
-  check_inputs(who.c_str(), input, residual, options.num_features(), training);
+double BatchNormAct2dImpl::count_call(const char* who) {
   // As torch::nn::BatchNorm2d: count the call, and with momentum = None
   // weigh this batch by 1 / num_batches_tracked.
   double momentum = options.momentum().value_or(0.0);
@@ -283,6 +277,17 @@ torch::Tensor BatchNormAct2dImpl::forward(
       momentum = 1.0 / num_batches_tracked.item<double>();
     }
   }
+  return momentum;
+}
+
+torch::Tensor BatchNormAct2dImpl::forward(
+    const torch::Tensor& input,
+    const torch::Tensor& residual) {
+  const std::string who =
+      c10::str("lamp::nn::BatchNormAct2d(", options.num_features(), ")");
+  const bool training = is_training() || !options.track_running_stats();
+  check_inputs(who.c_str(), input, residual, options.num_features(), training);
+  const double momentum = count_call(who.c_str());
   return batch_norm_act(
       input,
       residual,

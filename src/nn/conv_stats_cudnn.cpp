@@ -75,7 +75,16 @@ CudnnGraph build(const Problem& p) {
                         .set_name("weight")
                         .set_dim(w_dims)
                         .set_stride(nhwc_strides(w_dims)));
-  built.uids = {X->get_uid(), W->get_uid()};
+  // Explicit uids, 1, 2, ... in run()'s order: the frontend assigns its own
+  // only when the graph is validated, so reading them here would give
+  // placeholders that execute() then cannot find.
+  const auto keep = [&built](const auto& tensor) {
+    const int64_t uid = static_cast<int64_t>(built.uids.size()) + 1;
+    tensor->set_uid(uid);
+    built.uids.push_back(uid);
+  };
+  keep(X);
+  keep(W);
   auto conv_input = X;
   if (p.prologue) {
     const std::vector<int64_t> c_dims{1, p.c, 1, 1};
@@ -89,8 +98,8 @@ CudnnGraph build(const Problem& p) {
     };
     auto S = per_channel("scale");
     auto B = per_channel("bias");
-    built.uids.push_back(S->get_uid());
-    built.uids.push_back(B->get_uid());
+    keep(S);
+    keep(B);
     const auto op = [](const char* name, fe::PointwiseMode_t mode) {
       return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode);
     };
@@ -117,9 +126,9 @@ CudnnGraph build(const Problem& p) {
         .set_dim({1, p.k, 1, 1})
         .set_stride({p.k, 1, p.k, p.k});
   }
-  built.uids.push_back(Y->get_uid());
-  built.uids.push_back(SUM->get_uid());
-  built.uids.push_back(SQ_SUM->get_uid());
+  keep(Y);
+  keep(SUM);
+  keep(SQ_SUM);
   plan(built);
   return built;
 }

@@ -16,6 +16,10 @@
 
 namespace lamp::nn {
 
+namespace detail {
+struct BatchNormActAccess;
+} // namespace detail
+
 /// Options for `BatchNormAct2d`: those of `torch::nn::BatchNorm2dOptions`
 /// (same names, same defaults) plus `relu`.
 ///
@@ -117,6 +121,11 @@ class LAMP_API BatchNormAct2dImpl
 
  private:
   friend class BatchCountGuard;
+  friend struct detail::BatchNormActAccess;
+  /// In training with running statistics: counts this call (in
+  /// `num_batches_tracked`, or the guard's count) and returns the momentum
+  /// it takes; otherwise the options' momentum (0 for None).
+  double count_call(const char* who);
   /// Where a `BatchCountGuard` counts this module's training forwards
   /// instead of adding to `num_batches_tracked` (null: no guard). A copy
   /// (`clone()`) starts without one: it is not in the guard's list.

@@ -1,0 +1,328 @@
+#include "bn_add_relu_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "cuda_dtype.cuh"
+
+namespace lamp::nn::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPerVector = 8; // fp16/bf16 values in 16 bytes
+// Blocks of the backward's reduction: enough to fill an H100/H200 (132 SMs)
+// a few times over; each writes its partial sums, summed in a fixed order by
+// the next kernel (deterministic, no atomics).
+constexpr int64_t kReduceBlocks = 512;
+
+// How the reduction's threads cover a row of `channels / 8` vectors: `lanes`
+// threads a row, `rows_per_pass` rows at once, and `chunks` blocks across a
+// row wider than a block.
+struct ReduceLayout {
+  int lanes = 1;
+  int rows_per_pass = 1;
+  int chunks = 1;
+  int64_t blocks = 1;
+};
+
+ReduceLayout reduce_layout(int64_t rows, int64_t channels) {
+  const int64_t vectors = channels / kPerVector;
+  ReduceLayout l;
+  l.lanes = static_cast<int>(std::min<int64_t>(vectors, kThreads));
+  l.rows_per_pass = kThreads / l.lanes;
+  l.chunks = static_cast<int>((vectors + l.lanes - 1) / l.lanes);
+  const int64_t passes = (rows + l.rows_per_pass - 1) / l.rows_per_pass;
+  l.blocks = std::max<int64_t>(
+      1, std::min<int64_t>(passes, std::max<int64_t>(1, kReduceBlocks / l.chunks)));
+  return l;
+}
+
+template <typename T>
+struct Vec {
+  T v[kPerVector];
+};
+
+template <typename T>
+__device__ inline Vec<T> load(const void* base, int64_t i) {
+  const uint4 raw = reinterpret_cast<const uint4*>(base)[i];
+  Vec<T> out;
+  static_assert(sizeof(Vec<T>) == sizeof(uint4), "16 bytes");
+  memcpy(&out, &raw, sizeof(raw));
+  return out;
+}
+
+template <typename T>
+__device__ inline void store(void* base, int64_t i, const Vec<T>& v) {
+  uint4 raw;
+  memcpy(&raw, &v, sizeof(raw));
+  reinterpret_cast<uint4*>(base)[i] = raw;
+}
+
+// relu as torch's: NaN stays NaN.
+__device__ inline float relu(float x) {
+  return (x > 0.f || x != x) ? x : 0.f;
+}
+
+template <typename T, bool kNormalisedZ>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(BnAddReluForwardArgs a) {
+  const int64_t vectors = a.channels / kPerVector;
+  const int64_t total = a.rows * vectors;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (i % vectors) * kPerVector;
+    const Vec<T> y = load<T>(a.y, i);
+    const Vec<T> z = load<T>(a.z, i);
+    Vec<T> out;
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < kPerVector; ++k) {
+      const int64_t c = c0 + k;
+      float shortcut = to_float(z.v[k]);
+      if (kNormalisedZ) {
+        shortcut = shortcut * __ldg(a.z_scale + c) + __ldg(a.z_shift + c);
+      }
+      const float o = relu(
+          to_float(y.v[k]) * __ldg(a.scale + c) + __ldg(a.shift + c) + shortcut);
+      out.v[k] = from_float<T>(o);
+      // NOTE: the stored value decides, as torch's relu backward reads
+      // the rounded output.
+      bits |= static_cast<uint32_t>(to_float(out.v[k]) > 0.f) << k;
+    }
+    store<T>(a.out, i, out);
+    a.mask[i] = static_cast<uint8_t>(bits);
+  }
+}
+
+// First pass of the backward: per block and channel, sum(g),
+// sum(g * (y - mean)) and, for a normalised shortcut, sum(g * (z - z_mean)).
+template <typename T, bool kNormalisedZ>
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(BnAddReluBackwardArgs a, ReduceLayout l) {
+  constexpr int kSums = kNormalisedZ ? 3 : 2;
+  const int64_t vectors = a.channels / kPerVector;
+  const int lane = threadIdx.x % l.lanes;
+  const int row0 = threadIdx.x / l.lanes;
+  const int64_t vec = static_cast<int64_t>(blockIdx.y) * l.lanes + lane;
+  const bool active = row0 < l.rows_per_pass && vec < vectors;
+  float sum[kSums][kPerVector] = {};
+  if (active) {
+    float mean_y[kPerVector], mean_z[kPerVector];
+#pragma unroll
+    for (int k = 0; k < kPerVector; ++k) {
+      mean_y[k] = a.mean[vec * kPerVector + k];
+      mean_z[k] = kNormalisedZ ? a.z_mean[vec * kPerVector + k] : 0.f;
+    }
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * l.rows_per_pass + row0;
+         r < a.rows;
+         r += static_cast<int64_t>(gridDim.x) * l.rows_per_pass) {
+      const int64_t i = r * vectors + vec;
+      const Vec<T> d = load<T>(a.dout, i);
+      const Vec<T> y = load<T>(a.y, i);
+      Vec<T> z;
+      if (kNormalisedZ) {
+        z = load<T>(a.z, i);
+      }
+      const uint32_t m = a.mask[i];
+#pragma unroll
+      for (int k = 0; k < kPerVector; ++k) {
+        const float g = ((m >> k) & 1u) ? to_float(d.v[k]) : 0.f;
+        sum[0][k] += g;
+        sum[1][k] += g * (to_float(y.v[k]) - mean_y[k]);
+        if (kNormalisedZ) {
+          sum[kSums - 1][k] += g * (to_float(z.v[k]) - mean_z[k]);
+        }
+      }
+    }
+  }
+  // The block's rows_per_pass threads of a lane add up, one sum at a time.
+  __shared__ float shared[kThreads * kPerVector];
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int k = 0; k < kPerVector; ++k) {
+      shared[threadIdx.x * kPerVector + k] = sum[s][k];
+    }
+    __syncthreads();
+    if (active && row0 == 0) {
+      float* out = a.partials +
+          (static_cast<int64_t>(blockIdx.x) * kSums + s) * a.channels +
+          vec * kPerVector;
+#pragma unroll
+      for (int k = 0; k < kPerVector; ++k) {
+        float total = 0.f;
+        for (int j = 0; j < l.rows_per_pass; ++j) {
+          total += shared[(j * l.lanes + lane) * kPerVector + k];
+        }
+        out[k] = total;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// One thread a channel: the blocks' partials in block order, then
+// dweight, dbias and the coefficients of dx = A * g + B * (x - mean) + C.
+template <bool kNormalisedZ>
+__global__ void coefficients_kernel(BnAddReluBackwardArgs a, int64_t blocks) {
+  constexpr int kSums = kNormalisedZ ? 3 : 2;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.channels) {
+    return;
+  }
+  float sums[kSums] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+#pragma unroll
+    for (int s = 0; s < kSums; ++s) {
+      sums[s] += a.partials[(b * kSums + s) * a.channels + c];
+    }
+  }
+  const float m = static_cast<float>(a.rows);
+  const auto branch = [&](float sum_g,
+                          float sum_gx,
+                          float invstd,
+                          float weight,
+                          float* dweight,
+                          float* dbias,
+                          float* coef) {
+    const float dw = sum_gx * invstd; // sum(g * xhat)
+    dweight[c] = dw;
+    dbias[c] = sum_g;
+    const float a_ = weight * invstd;
+    coef[0 * a.channels + c] = a_;
+    coef[1 * a.channels + c] = -a_ * invstd * dw / m;
+    coef[2 * a.channels + c] = -a_ * sum_g / m;
+  };
+  branch(
+      sums[0],
+      sums[1],
+      a.invstd[c],
+      a.weight[c],
+      a.dweight,
+      a.dbias,
+      a.coefficients);
+  if (kNormalisedZ) {
+    branch(
+        sums[0],
+        sums[2],
+        a.z_invstd[c],
+        a.z_weight[c],
+        a.z_dweight,
+        a.z_dbias,
+        a.coefficients + 3 * a.channels);
+  }
+}
+
+template <typename T, bool kNormalisedZ>
+__global__ void __launch_bounds__(kThreads)
+    dx_kernel(BnAddReluBackwardArgs a) {
+  const int64_t vectors = a.channels / kPerVector;
+  const int64_t total = a.rows * vectors;
+  const float* coef = a.coefficients;
+  const int64_t ch = a.channels;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (i % vectors) * kPerVector;
+    const Vec<T> d = load<T>(a.dout, i);
+    const Vec<T> y = load<T>(a.y, i);
+    Vec<T> z;
+    if (kNormalisedZ) {
+      z = load<T>(a.z, i);
+    }
+    const uint32_t m = a.mask[i];
+    Vec<T> dy, dz;
+#pragma unroll
+    for (int k = 0; k < kPerVector; ++k) {
+      const int64_t c = c0 + k;
+      const bool on = (m >> k) & 1u;
+      const float g = on ? to_float(d.v[k]) : 0.f;
+      dy.v[k] = from_float<T>(
+          __ldg(coef + c) * g +
+          __ldg(coef + ch + c) * (to_float(y.v[k]) - __ldg(a.mean + c)) +
+          __ldg(coef + 2 * ch + c));
+      if (kNormalisedZ) {
+        dz.v[k] = from_float<T>(
+            __ldg(coef + 3 * ch + c) * g +
+            __ldg(coef + 4 * ch + c) * (to_float(z.v[k]) - __ldg(a.z_mean + c)) +
+            __ldg(coef + 5 * ch + c));
+      } else {
+        dz.v[k] = on ? d.v[k] : from_float<T>(0.f);
+      }
+    }
+    store<T>(a.dy, i, dy);
+    store<T>(a.dz, i, dz);
+  }
+}
+
+unsigned elementwise_blocks(int64_t rows, int64_t channels) {
+  const int64_t total = rows * (channels / kPerVector);
+  // A grid-stride loop: a few waves of resident blocks, not one block per
+  // 256 vectors.
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16)));
+}
+
+template <typename T>
+cudaError_t forward_typed(const BnAddReluForwardArgs& a, cudaStream_t stream) {
+  const unsigned blocks = elementwise_blocks(a.rows, a.channels);
+  if (a.z_scale != nullptr) {
+    forward_kernel<T, true><<<blocks, kThreads, 0, stream>>>(a);
+  } else {
+    forward_kernel<T, false><<<blocks, kThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, bool kNormalisedZ>
+cudaError_t backward_typed(const BnAddReluBackwardArgs& a, cudaStream_t stream) {
+  const ReduceLayout l = reduce_layout(a.rows, a.channels);
+  reduce_kernel<T, kNormalisedZ>
+      <<<dim3(static_cast<unsigned>(l.blocks), static_cast<unsigned>(l.chunks)),
+         kThreads,
+         0,
+         stream>>>(a, l);
+  const auto per_channel =
+      static_cast<unsigned>((a.channels + kThreads - 1) / kThreads);
+  coefficients_kernel<kNormalisedZ>
+      <<<per_channel, kThreads, 0, stream>>>(a, l.blocks);
+  dx_kernel<T, kNormalisedZ>
+      <<<elementwise_blocks(a.rows, a.channels), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t launch_bn_add_relu_forward(
+    const BnAddReluForwardArgs& args,
+    cudaStream_t stream) {
+  if (args.rows == 0 || args.channels == 0) {
+    return cudaSuccess;
+  }
+  return args.dtype == ActDtype::kHalf
+      ? forward_typed<__half>(args, stream)
+      : forward_typed<__nv_bfloat16>(args, stream);
+}
+
+int64_t bn_add_relu_partial_floats(int64_t rows, int64_t channels) {
+  return reduce_layout(rows, channels).blocks * 3 * channels;
+}
+
+cudaError_t launch_bn_add_relu_backward(
+    const BnAddReluBackwardArgs& args,
+    cudaStream_t stream) {
+  if (args.rows == 0 || args.channels == 0) {
+    return cudaSuccess;
+  }
+  const bool normalised = args.z != nullptr;
+  if (args.dtype == ActDtype::kHalf) {
+    return normalised ? backward_typed<__half, true>(args, stream)
+                      : backward_typed<__half, false>(args, stream);
+  }
+  return normalised ? backward_typed<__nv_bfloat16, true>(args, stream)
+                    : backward_typed<__nv_bfloat16, false>(args, stream);
+}
+
+} // namespace lamp::nn::detail
