@@ -130,8 +130,10 @@ class BnAddRelu : public torch::autograd::Function<BnAddRelu> {
       const at::Tensor& weight,
       const at::Tensor& bias,
       const at::Tensor& z,
-      const at::Tensor& z_weight,
-      const at::Tensor& z_bias,
+      // NOTE: optional, not undefined tensors: autograd's custom functions
+      // take no undefined tensor as an input.
+      const std::optional<at::Tensor>& z_weight,
+      const std::optional<at::Tensor>& z_bias,
       const detail::BatchNormFold& fold,
       const std::optional<detail::BatchNormFold>& z_fold) {
     const int64_t channels = y.size(1);
@@ -161,7 +163,7 @@ class BnAddRelu : public torch::autograd::Function<BnAddRelu> {
          fold.mean,
          fold.invstd,
          z_fold ? z : at::Tensor(),
-         z_fold ? z_weight : at::Tensor(),
+         z_fold ? z_weight.value() : at::Tensor(),
          z_fold ? z_fold->mean : at::Tensor(),
          z_fold ? z_fold->invstd : at::Tensor(),
          mask});
@@ -456,7 +458,7 @@ torch::Tensor fused_or_unfused(
       o.eps());
   std::optional<Branch> side;
   at::Tensor z = residual;
-  at::Tensor z_weight, z_bias;
+  std::optional<at::Tensor> z_weight, z_bias;
   if (shortcut_input != nullptr) {
     torch::nn::BatchNorm2dImpl& sbn = *shortcut_bn->ptr();
     {

@@ -231,7 +231,10 @@ TEST_F(ConvBnAddReluGpu, WhatItDoesNotTakeRunsTheModules) {
   EXPECT_NE(lamp::nn::detail::last_conv_bn_reason().find("float16"), std::string::npos)
       << lamp::nn::detail::last_conv_bn_reason();
   tail->eval();
-  tail->fused(h.to(torch::kHalf), x.to(torch::kHalf));
+  lamp::AutocastGuard autocast(torch::kCUDA);
+  tail->fused(
+      h.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast),
+      x.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast));
   EXPECT_NE(lamp::nn::detail::last_conv_bn_reason().find("training"), std::string::npos)
       << lamp::nn::detail::last_conv_bn_reason();
 }
