@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <tuple>
 #include <utility>
 
 namespace lamp::nn::detail {
@@ -91,6 +92,23 @@ ConvStats composite(
   ConvStats result;
   result.output = at::conv2d(
       x, weight, {}, geometry.stride, geometry.padding, geometry.dilation);
+  const int64_t channels = result.output.size(1);
+  const double count = channels > 0
+      ? static_cast<double>(result.output.numel() / channels)
+      : 0.0;
+  if (result.output.is_cuda() && count > 0) {
+    // One pass over the output (ATen's BatchNorm statistics kernel, Welford
+    // in float32, channels-last aware), not a float32 copy and two
+    // reductions (five passes): the sums back from the mean and the
+    // variance. NOTE: eps 0, so invstd is 1 / std (inf for a constant
+    // channel, whose variance comes back as 0).
+    const auto stats = at::batch_norm_stats(result.output, 0.0);
+    const at::Tensor mean = std::get<0>(stats).to(at::kFloat);
+    const at::Tensor invstd = std::get<1>(stats).to(at::kFloat);
+    result.sum = mean * count;
+    result.sum_of_squares = (invstd.pow(-2) + mean * mean) * count;
+    return result;
+  }
   const at::Tensor wide = result.output.to(at::kFloat);
   result.sum = wide.sum({0, 2, 3});
   result.sum_of_squares = wide.square().sum({0, 2, 3});

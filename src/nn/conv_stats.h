@@ -3,7 +3,8 @@
 // Internal: a convolution that also gives the per-channel sums BatchNorm's
 // batch statistics need, from cuDNN's graph API (the sums computed in the
 // convolution's epilogue, so BatchNorm does not read the output again for
-// them) where it can, else from ATen's convolution and two reductions.
+// them) where it can, else from ATen's convolution and ATen's BatchNorm
+// statistics kernel (CUDA; one more pass) or two reductions (CPU).
 //
 // A building block of the fused ResNet block (BatchNorm's statistics in the
 // convolutions, its scale, bias and ReLU in the next convolution's
