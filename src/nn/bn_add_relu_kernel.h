@@ -22,7 +22,9 @@ namespace lamp::nn::detail {
 enum class ActDtype { kHalf, kBFloat16 };
 
 // All activations are (rows, channels) row-major (NHWC with rows = N*H*W),
-// 16-byte aligned, channels a multiple of 8. Per-channel vectors float32.
+// 16-byte aligned, channels a multiple of 8. Per-channel vectors float32;
+// scale, shift, mean and the coefficients 32-byte aligned (lamp allocates
+// them); weights need not be.
 struct BnAddReluForwardArgs {
   ActDtype dtype = ActDtype::kHalf;
   int64_t rows = 0;
