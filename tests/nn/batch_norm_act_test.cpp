@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "nn/amp_trainer.h"
 #include "support.h"
 
 #if LAMP_WITH_CUDA
@@ -702,49 +703,7 @@ struct FusedNet : torch::nn::Module {
   torch::nn::Linear fc;
 };
 
-struct FusedTrainer {
-  explicit FusedTrainer(std::optional<double> momentum = 0.1) {
-    torch::manual_seed(7);
-    net = std::make_shared<FusedNet>(momentum);
-    net->to(torch::kCUDA);
-    for (auto& p : net->parameters()) {
-      if (p.dim() == 4) {
-        p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-      }
-    }
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
-  }
-
-  torch::Tensor step(const std::vector<torch::Tensor>& in) {
-    optimizer->zero_grad();
-    torch::Tensor loss;
-    {
-      lamp::AutocastGuard autocast(torch::kCUDA);
-      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(*optimizer);
-    scaler.update();
-    return loss;
-  }
-
-  std::vector<torch::Tensor> state() {
-    std::vector<torch::Tensor> out;
-    for (const auto& t : net->parameters()) {
-      out.push_back(t.detach().clone());
-    }
-    for (const auto& t : net->buffers()) {
-      out.push_back(t.detach().clone());
-    }
-    return out;
-  }
-
-  std::shared_ptr<FusedNet> net;
-  lamp::GradScaler scaler{
-      lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
-};
+using FusedTrainer = lamp::test::AmpTrainer<FusedNet>;
 
 std::vector<std::vector<torch::Tensor>> image_batches(int64_t n) {
   torch::manual_seed(11);

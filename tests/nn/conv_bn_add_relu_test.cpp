@@ -5,6 +5,7 @@
 // float32 modules, no further from them than the unfused modules in the same
 // dtype; and a GraphedStep of a small net replays as eager steps.
 
+#include "nn/amp_trainer.h"
 #include "support.h"
 
 #include <lamp/autocast.h>
@@ -267,49 +268,7 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc;
 };
 
-struct Trainer {
-  Trainer() {
-    torch::manual_seed(7);
-    net = std::make_shared<Net>();
-    net->to(torch::kCUDA);
-    for (auto& p : net->parameters()) {
-      if (p.dim() == 4) {
-        p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-      }
-    }
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
-  }
-
-  torch::Tensor step(const std::vector<torch::Tensor>& in) {
-    optimizer->zero_grad();
-    torch::Tensor loss;
-    {
-      lamp::AutocastGuard autocast(torch::kCUDA);
-      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(*optimizer);
-    scaler.update();
-    return loss;
-  }
-
-  std::vector<torch::Tensor> state() {
-    std::vector<torch::Tensor> out;
-    for (const auto& t : net->parameters()) {
-      out.push_back(t.detach().clone());
-    }
-    for (const auto& t : net->buffers()) {
-      out.push_back(t.detach().clone());
-    }
-    return out;
-  }
-
-  std::shared_ptr<Net> net;
-  lamp::GradScaler scaler{
-      lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
-};
+using Trainer = lamp::test::AmpTrainer<Net>;
 #endif
 
 TEST_F(ConvBnAddReluGpu, GraphedStepReplaysEqualEagerSteps) {
