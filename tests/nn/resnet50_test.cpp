@@ -46,6 +46,10 @@ TEST(ResNet50, FusedBatchNormKeepsNamesAndOrder) {
     fused_modules += m->as<lamp::nn::BatchNormAct2d>() != nullptr;
   }
   EXPECT_EQ(fused_modules, 1 + 16 * 3) << "the stem's and 3 per bottleneck";
+  // The fused tails (lamp::nn::conv_bn_add_relu) use the same modules.
+  resnet::ResNet50 tails(1000, /*fused_bn=*/true, /*fused_tail=*/true);
+  EXPECT_EQ(tails->named_parameters().keys(), plain->named_parameters().keys());
+  EXPECT_EQ(tails->named_buffers().keys(), plain->named_buffers().keys());
 }
 
 // Loads the weights torchvision produced into the C++ model and compares
