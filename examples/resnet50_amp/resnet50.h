@@ -218,8 +218,8 @@ struct ResNet50Impl : torch::nn::Module {
       int64_t stride) {
     torch::nn::Sequential layer;
     for (int64_t i = 0; i < blocks; ++i) {
-      layer->push_back(Bottleneck(
-          in_, width, i == 0 ? stride : 1, fused_bn_, fused_tail_));
+      layer->push_back(
+          Bottleneck(in_, width, i == 0 ? stride : 1, fused_bn_, fused_tail_));
       in_ = width * BottleneckImpl::kExpansion;
     }
     return layer;

@@ -35,7 +35,9 @@ ReduceLayout reduce_layout(int64_t rows, int64_t channels) {
   l.chunks = static_cast<int>((vectors + l.lanes - 1) / l.lanes);
   const int64_t passes = (rows + l.rows_per_pass - 1) / l.rows_per_pass;
   l.blocks = std::max<int64_t>(
-      1, std::min<int64_t>(passes, std::max<int64_t>(1, kReduceBlocks / l.chunks)));
+      1,
+      std::min<int64_t>(
+          passes, std::max<int64_t>(1, kReduceBlocks / l.chunks)));
   return l;
 }
 
@@ -108,8 +110,7 @@ __global__ void __launch_bounds__(kThreads)
       if (kNormalisedZ) {
         shortcut = shortcut * z_scale[k] + z_shift[k];
       }
-      const float o =
-          relu(to_float(y.v[k]) * scale[k] + shift[k] + shortcut);
+      const float o = relu(to_float(y.v[k]) * scale[k] + shift[k] + shortcut);
       out.v[k] = from_float<T>(o);
       // NOTE: the stored value decides, as torch's relu backward reads
       // the rounded output.
@@ -239,8 +240,7 @@ __global__ void coefficients_kernel(BnAddReluBackwardArgs a, int64_t blocks) {
 }
 
 template <typename T, bool kNormalisedZ>
-__global__ void __launch_bounds__(kThreads)
-    dx_kernel(BnAddReluBackwardArgs a) {
+__global__ void __launch_bounds__(kThreads) dx_kernel(BnAddReluBackwardArgs a) {
   const int64_t vectors = a.channels / kPerVector;
   const int64_t total = a.rows * vectors;
   const float* coef = a.coefficients;
@@ -291,8 +291,8 @@ unsigned elementwise_blocks(int64_t rows, int64_t channels) {
   const int64_t total = rows * (channels / kPerVector);
   // A grid-stride loop: a few waves of resident blocks, not one block per
   // 256 vectors.
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16)));
+  return static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16)));
 }
 
 template <typename T>
@@ -307,7 +307,9 @@ cudaError_t forward_typed(const BnAddReluForwardArgs& a, cudaStream_t stream) {
 }
 
 template <typename T, bool kNormalisedZ>
-cudaError_t backward_typed(const BnAddReluBackwardArgs& a, cudaStream_t stream) {
+cudaError_t backward_typed(
+    const BnAddReluBackwardArgs& a,
+    cudaStream_t stream) {
   const ReduceLayout l = reduce_layout(a.rows, a.channels);
   reduce_kernel<T, kNormalisedZ>
       <<<dim3(static_cast<unsigned>(l.blocks), static_cast<unsigned>(l.chunks)),

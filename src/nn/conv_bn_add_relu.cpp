@@ -139,7 +139,8 @@ class BnAddRelu : public torch::autograd::Function<BnAddRelu> {
     const int64_t channels = y.size(1);
     const int64_t rows = y.numel() / channels;
     at::Tensor out = at::empty_like(y, at::MemoryFormat::ChannelsLast);
-    at::Tensor mask = at::empty({rows * channels / 8}, y.options().dtype(at::kByte));
+    at::Tensor mask =
+        at::empty({rows * channels / 8}, y.options().dtype(at::kByte));
     detail::BnAddReluForwardArgs a;
     a.dtype = act_dtype(y);
     a.rows = rows;
@@ -220,7 +221,8 @@ class BnAddRelu : public torch::autograd::Function<BnAddRelu> {
     a.dbias = f32(dbias);
     C10_CUDA_CHECK(detail::launch_bn_add_relu_backward(
         a, c10::cuda::getCurrentCUDAStream()));
-    return {dy, dweight, dbias, dz, or_empty(z_dweight), or_empty(z_dbias), {}, {}};
+    return {
+        dy, dweight, dbias, dz, or_empty(z_dweight), or_empty(z_dbias), {}, {}};
   }
 };
 #endif
@@ -287,14 +289,15 @@ std::string why_unfused(
   if (!LAMP_WITH_CUDA) {
     return "lamp was built without CUDA";
   }
-  if (input.scalar_type() != at::kHalf && input.scalar_type() != at::kBFloat16) {
+  if (input.scalar_type() != at::kHalf &&
+      input.scalar_type() != at::kBFloat16) {
     return "the input is neither float16 nor bfloat16";
   }
   if (weight.scalar_type() != input.scalar_type()) {
     return "the convolution's weight and input differ in dtype";
   }
-  if (input.dim() != 4 || !input.is_contiguous(at::MemoryFormat::ChannelsLast) ||
-      !aligned(input)) {
+  if (input.dim() != 4 ||
+      !input.is_contiguous(at::MemoryFormat::ChannelsLast) || !aligned(input)) {
     return "the input is not a channels-last contiguous 4-d tensor";
   }
   if (out_channels % 8 != 0) {
@@ -496,7 +499,8 @@ torch::Tensor fused_or_unfused(
       z_weight,
       z_bias,
       main.fold,
-      side ? std::optional<detail::BatchNormFold>(side->fold) : std::nullopt)[0];
+      side ? std::optional<detail::BatchNormFold>(side->fold)
+           : std::nullopt)[0];
 #else
   return unfused("lamp was built without CUDA");
 #endif

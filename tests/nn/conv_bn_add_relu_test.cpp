@@ -104,7 +104,8 @@ TEST(ConvBnAddRelu, OnTheCpuItIsTheModules) {
     const auto h = torch::randn({4, 8, 5, 5});
     const auto x = torch::randn({4, 16, 5, 5});
     const auto got = a->fused(h, x);
-    EXPECT_NE(lamp::nn::detail::last_conv_bn_reason().find("CUDA"), std::string::npos)
+    EXPECT_NE(
+        lamp::nn::detail::last_conv_bn_reason().find("CUDA"), std::string::npos)
         << lamp::nn::detail::last_conv_bn_reason();
     EXPECT_TRUE(torch::equal(got, b->unfused(h, x)));
     const auto pa = a->named_buffers(), pb = b->named_buffers();
@@ -176,11 +177,13 @@ TEST_F(ConvBnAddReluGpu, MatchesFloat32ModulesAsCloselyAsTheUnfusedOnes) {
 #if LAMP_WITH_CUDA
   for (const auto type : {torch::kHalf, torch::kBFloat16}) {
     for (const Shape& s : kShapes) {
-      SCOPED_TRACE(::testing::Message()
-                   << type << " in " << s.in << " width " << s.width << " out "
-                   << s.out << " hw " << s.hw << " stride " << s.stride);
+      SCOPED_TRACE(
+          ::testing::Message()
+          << type << " in " << s.in << " width " << s.width << " out " << s.out
+          << " hw " << s.hw << " stride " << s.stride);
       const auto make = [&] {
-        return make_tail(s.in, s.width, s.out, s.stride, s.downsample, torch::kCUDA);
+        return make_tail(
+            s.in, s.width, s.out, s.stride, s.downsample, torch::kCUDA);
       };
       auto fused = make();
       auto unfused = make();
@@ -189,13 +192,16 @@ TEST_F(ConvBnAddReluGpu, MatchesFloat32ModulesAsCloselyAsTheUnfusedOnes) {
       const auto cl = torch::MemoryFormat::ChannelsLast;
       const auto on = torch::TensorOptions().device(torch::kCUDA);
       const int64_t inner = s.hw / s.stride;
-      const auto h = torch::randn({8, s.width, inner, inner}, on).to(type).contiguous(cl);
+      const auto h =
+          torch::randn({8, s.width, inner, inner}, on).to(type).contiguous(cl);
       const auto x = (s.downsample ? torch::randn({8, s.in, s.hw, s.hw}, on)
                                    : torch::randn({8, s.out, inner, inner}, on))
                          .to(type)
                          .contiguous(cl);
-      const auto grad = torch::randn({8, s.out, inner, inner}, on).contiguous(cl);
-      const auto reference = run(*wide, false, h.to(torch::kFloat), x.to(torch::kFloat), grad);
+      const auto grad =
+          torch::randn({8, s.out, inner, inner}, on).contiguous(cl);
+      const auto reference =
+          run(*wide, false, h.to(torch::kFloat), x.to(torch::kFloat), grad);
       std::vector<torch::Tensor> got, today;
       const int64_t before = lamp::nn::detail::conv_bn_fused_count();
       {
@@ -210,12 +216,14 @@ TEST_F(ConvBnAddReluGpu, MatchesFloat32ModulesAsCloselyAsTheUnfusedOnes) {
         ASSERT_TRUE(got[i].defined() && today[i].defined()) << "#" << i;
         const auto ref = reference[i].to(torch::kDouble);
         const double scale = ref.abs().max().item<double>();
-        const double err = (got[i].to(torch::kDouble) - ref).abs().max().item<double>();
+        const double err =
+            (got[i].to(torch::kDouble) - ref).abs().max().item<double>();
         const double err_today =
             (today[i].to(torch::kDouble) - ref).abs().max().item<double>();
         EXPECT_LE(err, 2 * err_today + 1e-3 * scale + 1e-6)
             << "#" << i << " (output, dh, dx, parameters' gradients, buffers): "
-            << "fused " << err << ", unfused " << err_today << ", largest " << scale;
+            << "fused " << err << ", unfused " << err_today << ", largest "
+            << scale;
       }
     }
   }
@@ -229,14 +237,18 @@ TEST_F(ConvBnAddReluGpu, WhatItDoesNotTakeRunsTheModules) {
   const auto h = torch::randn({2, 32, 4, 4}, torch::kCUDA);
   const auto x = torch::randn({2, 64, 4, 4}, torch::kCUDA);
   tail->fused(h, x); // float32, NCHW
-  EXPECT_NE(lamp::nn::detail::last_conv_bn_reason().find("float16"), std::string::npos)
+  EXPECT_NE(
+      lamp::nn::detail::last_conv_bn_reason().find("float16"),
+      std::string::npos)
       << lamp::nn::detail::last_conv_bn_reason();
   tail->eval();
   lamp::AutocastGuard autocast(torch::kCUDA);
   tail->fused(
       h.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast),
       x.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast));
-  EXPECT_NE(lamp::nn::detail::last_conv_bn_reason().find("training"), std::string::npos)
+  EXPECT_NE(
+      lamp::nn::detail::last_conv_bn_reason().find("training"),
+      std::string::npos)
       << lamp::nn::detail::last_conv_bn_reason();
 }
 
@@ -256,7 +268,8 @@ struct Net : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     const auto s = stem_bn(stem(x));
-    const auto inner = torch::max_pool2d(s, 2).contiguous(torch::MemoryFormat::ChannelsLast);
+    const auto inner =
+        torch::max_pool2d(s, 2).contiguous(torch::MemoryFormat::ChannelsLast);
     auto h = a->fused(inner, s);
     h = b->fused(h, h);
     return fc(torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1));
@@ -279,7 +292,8 @@ TEST_F(ConvBnAddReluGpu, GraphedStepReplaysEqualEagerSteps) {
     data.push_back(
         {torch::randn({16, 3, 16, 16}, torch::kCUDA)
              .contiguous(torch::MemoryFormat::ChannelsLast),
-         torch::randint(0, 10, {16}, torch::dtype(torch::kLong).device(torch::kCUDA))});
+         torch::randint(
+             0, 10, {16}, torch::dtype(torch::kLong).device(torch::kCUDA))});
   }
   Trainer eager;
   const int64_t before = lamp::nn::detail::conv_bn_fused_count();
