@@ -113,10 +113,6 @@ detail::ActDtype act_dtype(const at::Tensor& t) {
                                       : detail::ActDtype::kBFloat16;
 }
 
-at::Tensor or_empty(const at::Tensor& t) {
-  return t.defined() ? t : at::Tensor();
-}
-
 float* f32(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
@@ -221,8 +217,7 @@ class BnAddRelu : public torch::autograd::Function<BnAddRelu> {
     a.dbias = f32(dbias);
     C10_CUDA_CHECK(detail::launch_bn_add_relu_backward(
         a, c10::cuda::getCurrentCUDAStream()));
-    return {
-        dy, dweight, dbias, dz, or_empty(z_dweight), or_empty(z_dbias), {}, {}};
+    return {dy, dweight, dbias, dz, z_dweight, z_dbias, {}, {}};
   }
 };
 #endif
