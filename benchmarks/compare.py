@@ -12,11 +12,13 @@ With --cuda-graph each case also runs lamp's example with --cuda-graph (the
 whole step in one CUDA graph, lamp::GraphedStep) and adds its columns.
 
 With --fused-bn it runs ResNet-50 channels-last at batch 256 and 64, fp16 and
-bf16, each case five ways in this one invocation: lamp's example with
+bf16, each case seven ways in this one invocation: lamp's example with
 --no-fused-bn (torch::nn::BatchNorm2d + add + relu, as torchvision) and with
---fused-bn (lamp::nn::BatchNormAct2d, cuDNN's fused kernels), both eager and
-with --cuda-graph, and the Python twin (torchvision, eager); one table of
-median step times and peak memory.
+--fused-bn (lamp::nn::BatchNormAct2d, cuDNN's fused kernels; in fp16 with
+each bottleneck's tail as lamp::nn::conv_bn_add_relu too), both eager and
+with --cuda-graph, graphed with the tail explicitly off and on
+(--no-fused-tail / --fused-tail), and the Python twin (torchvision, eager);
+one table of median step times and peak memory.
 
 Usage: python3 benchmarks/compare.py [--build-dir build] [--no-build]
            [--steps 100] [--quick] [--cuda-graph] [--markdown]
@@ -157,9 +159,10 @@ def fused_bn_rows(args):
     """lamp unfused / fused BatchNorm, eager / graphed, and Python eager."""
     header = ("case", "unfused ms", "fused ms", "fused speed-up",
               "unfused graph ms", "fused graph ms", "graph speed-up",
+              "graph tail off ms", "graph tail on ms", "tail speed-up",
               "Python ms", "Python/fused", "Python/fused graph",
               "unfused GiB", "fused GiB", "unfused graph GiB",
-              "fused graph GiB", "Python GiB")
+              "fused graph GiB", "tail on GiB", "Python GiB")
 
     def attempt(f):
         # NOTE: a failing case leaves its cells empty, not the table.
@@ -177,22 +180,27 @@ def fused_bn_rows(args):
     lines = []
     for batch in args.batch_sizes:
         for precision in args.precisions:
-            def case(graph, flag):
+            def case(graph, *flags):
                 return attempt(lambda: cpp_case(
                     args.build_dir, "resnet50", precision, batch, True, args,
-                    graph=graph, extra=[flag]))
+                    graph=graph, extra=list(flags)))
             plain = case(False, "--no-fused-bn")
             fused = case(False, "--fused-bn")
             plain_graph = case(True, "--no-fused-bn")
             fused_graph = case(True, "--fused-bn")
+            # The bottleneck's fused tail (lamp::nn::conv_bn_add_relu; the
+            # default in fp16) off and on, graphed.
+            tail_off = case(True, "--fused-bn", "--no-fused-tail")
+            tail_on = case(True, "--fused-bn", "--fused-tail")
             py = attempt(lambda: python_case("resnet50", precision, batch,
                                              True, args))
             lines.append((
                 f"resnet50 bs{batch} NHWC {precision}", ms(plain), ms(fused),
                 ratio(plain, fused), ms(plain_graph), ms(fused_graph),
-                ratio(plain_graph, fused_graph), ms(py), ratio(py, fused),
+                ratio(plain_graph, fused_graph), ms(tail_off), ms(tail_on),
+                ratio(tail_off, tail_on), ms(py), ratio(py, fused),
                 ratio(py, fused_graph), gib(plain), gib(fused),
-                gib(plain_graph), gib(fused_graph), gib(py)))
+                gib(plain_graph), gib(fused_graph), gib(tail_on), gib(py)))
             # NOTE: printed as it goes, so a run cut short still says
             # something.
             print("  ".join(lines[-1]), file=sys.stderr, flush=True)
