@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct and prio): any of build tests sets loader probe
-# roi e2e epochs dct prio, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct, prio, prealloc and now): any of build tests
+# sets loader probe roi e2e epochs dct prio prealloc now, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -217,5 +217,43 @@ if want prio; then
     say "prio nice $nice exit $?"
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/prio_*.jsonl
+fi
+if want prealloc; then
+  # The hardware engines' buffers made at construction
+  # (nvjpegDecodeBatchedPreAllocate, NvjpegDecoderOptions::preallocate,
+  # default on) or in the decode calls, same call: nvJPEG alone, then the
+  # loader (LAMP_NVJPEG_PREALLOCATE=0: a temporary A/B switch), pairs
+  # interleaved.
+  say "preallocate A/B"
+  N=$B/benchmarks/nvjpeg_decoder
+  for set in photo hard; do
+    for args in "--decoders 2" "--decoders 2 --no-preallocate"; do
+      timeout 60 $N --data $B/sets/$set/train --batches 40 --roi $args \
+        2>> "$OUT/prealloc.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/prealloc.jsonl"
+    done
+    for pre in 1 0 1 0; do
+      LAMP_NVJPEG_PREALLOCATE=$pre timeout 60 $L --data $B/sets/$set/train --threads 16 \
+        --batches 60 --decode auto 2>> "$OUT/prealloc.err" |
+        sed "s/^{/{\"set\": \"$set\", \"preallocate\": $pre, /" | tee -a "$OUT/prealloc.jsonl"
+    done
+  done
+fi
+if want now; then
+  # ResNet-50 at today's defaults (fp16: the fused tail too) on synthetic
+  # data and on both sets, three epochs, every step timed; the synthetic
+  # step without the tail for reference.
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  say "end to end at the defaults"
+  for tail in fused-tail no-fused-tail; do
+    timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 --$tail \
+      --metrics "$OUT/now_synthetic_$tail.jsonl" > "$OUT/now_synthetic_$tail.log" 2>&1
+  done
+  for set in photo hard; do
+    timeout 150 $R $COMMON --data $B/sets/$set --epochs ${EPOCHS:-3} --warmup 5 --workers 16 \
+      --log-every 1 --metrics "$OUT/now_$set.jsonl" > "$OUT/now_$set.log" 2>&1
+    say "now $set exit $?"
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/now_*.jsonl
 fi
 say "done"
