@@ -5,7 +5,8 @@
 # torchvision eager; fp16 and bf16), then torch.compile's default mode on the
 # same model (benchmarks/resnet50_amp.py --compile default), then a Chrome
 # trace of lamp's fused eager step (tail off) in fp16 and in bf16 summed per kernel
-# category (tools/trace_summary.py: where bf16's extra time goes).
+# category (tools/trace_summary.py: where bf16's extra time goes), and the
+# same at bs64 fp16 with the tail off and on.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue26_same_run.sh
 # Writes to $OUT: compare.log, compile_fp16.log, trace_summary.txt, trace_*.log.
@@ -35,8 +36,17 @@ for p in fp16 bf16; do
     --batch-size 256 --steps 20 --warmup 10 --trace "$OUT/trace" > "$OUT/trace_$p.log" 2>&1
   echo "trace $p exit $?"
 done
-python3 tools/trace_summary.py "$OUT"/trace.fp16.json "$OUT"/trace.bf16.json --steps 5 --top 6 \
+# bs64 fp16 with the tail off and on: does the tail take kernel time away
+# there (the graphed step did not get faster)?
+for tail in no-fused-tail fused-tail; do
+  timeout 90 $B/examples/resnet50_amp --device cuda --channels-last --fused-bn --$tail \
+    --precision fp16 --batch-size 64 --steps 20 --warmup 10 --trace "$OUT/trace64_$tail" \
+    > "$OUT/trace64_$tail.log" 2>&1
+  echo "trace bs64 $tail exit $?"
+done
+python3 tools/trace_summary.py "$OUT"/trace.fp16.json "$OUT"/trace.bf16.json \
+  "$OUT"/trace64_no-fused-tail.fp16.json "$OUT"/trace64_fused-tail.fp16.json --steps 5 --top 6 \
   > "$OUT/trace_summary.txt" 2>&1
-head -60 "$OUT/trace_summary.txt"
-gzip -f "$OUT"/trace.*.json
+head -120 "$OUT/trace_summary.txt"
+gzip -f "$OUT"/trace*.json
 say done
