@@ -17,6 +17,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "amp_trainer.h"
 #endif
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -68,73 +70,30 @@ TEST(GraphedStep, RejectsBadOptionsAndCpuInputs) {
 
 #if LAMP_WITH_CUDA
 
-// A small AMP training step; `conv` adds BatchNorm and channels-last, `sgd`
-// trains with FusedSGD (momentum) instead of FusedAdam. In capture, the
-// fused kernels get the large tensors in slices, over 2-3 graph branches.
-struct Trainer {
-  explicit Trainer(bool conv, bool sgd = false) : conv(conv) {
-    torch::manual_seed(7);
+// A small net; `conv` makes it convolutional, with BatchNorm (channels-last
+// in an AmpTrainer). In capture, the fused optimizers get its large tensors
+// in slices, over 2-3 graph branches.
+struct SmallNetImpl : torch::nn::SequentialImpl {
+  explicit SmallNetImpl(bool conv) {
     if (conv) {
-      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3)));
-      net->push_back(torch::nn::BatchNorm2d(32));
-      net->push_back(torch::nn::ReLU());
-      net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
-      net->push_back(torch::nn::ReLU());
-      net->push_back(torch::nn::AdaptiveAvgPool2d(1));
-      net->push_back(torch::nn::Flatten());
-      net->push_back(torch::nn::Linear(64, 10));
+      push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3)));
+      push_back(torch::nn::BatchNorm2d(32));
+      push_back(torch::nn::ReLU());
+      push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
+      push_back(torch::nn::ReLU());
+      push_back(torch::nn::AdaptiveAvgPool2d(1));
+      push_back(torch::nn::Flatten());
+      push_back(torch::nn::Linear(64, 10));
     } else {
-      net->push_back(torch::nn::Linear(32, 8192));
-      net->push_back(torch::nn::ReLU());
-      net->push_back(torch::nn::Linear(8192, 10));
-    }
-    net->to(torch::kCUDA);
-    if (conv) {
-      for (auto& p : net->parameters()) {
-        if (p.dim() == 4) {
-          p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-        }
-      }
-    }
-    if (sgd) {
-      optimizer = std::make_unique<lamp::optim::FusedSGD>(
-          net->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
-    } else {
-      optimizer = std::make_unique<lamp::optim::FusedAdam>(
-          net->parameters(), torch::optim::AdamOptions(1e-2));
+      push_back(torch::nn::Linear(32, 8192));
+      push_back(torch::nn::ReLU());
+      push_back(torch::nn::Linear(8192, 10));
     }
   }
-
-  torch::Tensor step(const std::vector<torch::Tensor>& in) {
-    optimizer->zero_grad();
-    torch::Tensor loss;
-    {
-      lamp::AutocastGuard autocast(torch::kCUDA);
-      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(*optimizer);
-    scaler.update();
-    return loss;
-  }
-
-  std::vector<torch::Tensor> state() {
-    std::vector<torch::Tensor> out;
-    for (const auto& t : net->parameters()) {
-      out.push_back(t.detach().clone());
-    }
-    for (const auto& t : net->buffers()) {
-      out.push_back(t.detach().clone());
-    }
-    return out;
-  }
-
-  bool conv;
-  torch::nn::Sequential net;
-  lamp::GradScaler scaler{
-      lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedOptimizer> optimizer;
 };
+
+using Trainer = lamp::test::AmpTrainer<SmallNetImpl>;
+using lamp::test::TrainWith;
 
 std::vector<std::vector<torch::Tensor>> batches(bool conv, int64_t n) {
   torch::manual_seed(11);
@@ -159,14 +118,15 @@ class GraphedStepGpu : public lamp::test::GpuTest {
   // N graphed steps against N eager ones from the same start.
   void expect_same_training(bool conv, bool sgd = false) {
     const auto data = batches(conv, 12);
-    Trainer eager(conv, sgd);
+    const auto with = sgd ? TrainWith::kSgdMomentum : TrainWith::kAdam;
+    Trainer eager(with, conv);
     std::vector<double> eager_scales;
     for (const auto& batch : data) {
       eager.step(batch);
       eager_scales.push_back(eager.scaler.get_scale());
     }
 
-    Trainer graphed(conv, sgd);
+    Trainer graphed(with, conv);
     lamp::GraphedStep step(
         [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
         data[0],

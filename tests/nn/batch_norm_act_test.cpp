@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "nn/amp_trainer.h"
+#include "amp_trainer.h"
 #include "support.h"
 
 #if LAMP_WITH_CUDA

@@ -5,7 +5,7 @@
 // float32 modules, no further from them than the unfused modules in the same
 // dtype; and a GraphedStep of a small net replays as eager steps.
 
-#include "nn/amp_trainer.h"
+#include "amp_trainer.h"
 #include "support.h"
 
 #include <lamp/autocast.h>

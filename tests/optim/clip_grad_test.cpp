@@ -19,6 +19,8 @@
 
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+
+#include "amp_trainer.h"
 #endif
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -665,51 +667,28 @@ TEST_F(ClipGradGpu, NeverSynchronisesWithTheHost) {
       c10::cuda::SyncDebugMode::L_DISABLED);
 }
 
-// A small AMP training step that clips between unscale_ and step. The
-// hidden layer is large enough for the foreach ops to be sliced in capture.
-struct ClippingTrainer {
-  explicit ClippingTrainer(bool by_value) : by_value(by_value) {
-    torch::manual_seed(7);
-    net->push_back(torch::nn::Linear(32, 8192));
-    net->push_back(torch::nn::ReLU());
-    net->push_back(torch::nn::Linear(8192, 10));
-    net->to(torch::kCUDA);
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
+// A small MLP whose hidden layer is large enough for the foreach ops to be
+// sliced in capture.
+struct MlpImpl : torch::nn::SequentialImpl {
+  MlpImpl() {
+    push_back(torch::nn::Linear(32, 8192));
+    push_back(torch::nn::ReLU());
+    push_back(torch::nn::Linear(8192, 10));
+  }
+};
+
+// An AMP training step that clips between unscale_ and step.
+struct ClippingTrainer : lamp::test::AmpTrainer<MlpImpl> {
+  explicit ClippingTrainer(bool by_value) {
+    after_unscale = [this, by_value] {
+      if (by_value) {
+        lamp::clip_grad_value_(net->parameters(), 1e-3);
+      } else {
+        norm = lamp::clip_grad_norm_(net->parameters(), 0.5);
+      }
+    };
   }
 
-  torch::Tensor step(const std::vector<torch::Tensor>& in) {
-    optimizer->zero_grad();
-    torch::Tensor loss;
-    {
-      lamp::AutocastGuard autocast(torch::kCUDA);
-      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
-    }
-    scaler.scale(loss).backward();
-    scaler.unscale_(*optimizer);
-    if (by_value) {
-      lamp::clip_grad_value_(net->parameters(), 1e-3);
-    } else {
-      norm = lamp::clip_grad_norm_(net->parameters(), 0.5);
-    }
-    scaler.step(*optimizer);
-    scaler.update();
-    return loss;
-  }
-
-  std::vector<torch::Tensor> state() {
-    std::vector<torch::Tensor> out;
-    for (const auto& t : net->parameters()) {
-      out.push_back(t.detach().clone());
-    }
-    return out;
-  }
-
-  bool by_value;
-  torch::nn::Sequential net;
-  lamp::GradScaler scaler{
-      lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedOptimizer> optimizer;
   torch::Tensor norm; // the graph's output once captured
 };
 

@@ -1,7 +1,7 @@
 #pragma once
 
-// A small CUDA training loop for the fused layers' GraphedStep tests: fp16
-// autocast, GradScaler and FusedAdam over a net's channels-last parameters,
+// A small CUDA training loop for the GraphedStep tests: fp16 autocast,
+// GradScaler and a fused optimizer over a net's channels-last parameters,
 // so that a test can run the same steps eagerly and captured and compare
 // the states.
 
@@ -10,17 +10,27 @@
 #include <lamp/optim.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
 namespace lamp::test {
 
+// The optimizer an AmpTrainer trains with (learning rate 1e-2).
+enum class TrainWith { kAdam, kSgdMomentum };
+
 template <typename Net>
 struct AmpTrainer {
-  // Net(args...) under seed 7, on CUDA, its 4-d parameters channels-last.
+  // Net(args...) under seed 7, on CUDA, its 4-d parameters channels-last,
+  // trained with FusedAdam.
   template <typename... Args>
-  explicit AmpTrainer(Args&&... args) {
+  explicit AmpTrainer(Args&&... args)
+      : AmpTrainer(TrainWith::kAdam, std::forward<Args>(args)...) {}
+
+  // The same, trained with `with`.
+  template <typename... Args>
+  explicit AmpTrainer(TrainWith with, Args&&... args) {
     torch::manual_seed(7);
     net = std::make_shared<Net>(std::forward<Args>(args)...);
     net->to(torch::kCUDA);
@@ -29,11 +39,16 @@ struct AmpTrainer {
         p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
       }
     }
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
+    if (with == TrainWith::kSgdMomentum) {
+      optimizer = std::make_unique<lamp::optim::FusedSGD>(
+          net->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+    } else {
+      optimizer = std::make_unique<lamp::optim::FusedAdam>(
+          net->parameters(), torch::optim::AdamOptions(1e-2));
+    }
   }
 
-  // One step on {images, labels}; returns the loss.
+  // One step on {inputs, labels}; returns the loss.
   torch::Tensor step(const std::vector<torch::Tensor>& in) {
     optimizer->zero_grad();
     torch::Tensor loss;
@@ -42,6 +57,10 @@ struct AmpTrainer {
       loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
     }
     scaler.scale(loss).backward();
+    if (after_unscale) {
+      scaler.unscale_(*optimizer);
+      after_unscale();
+    }
     scaler.step(*optimizer);
     scaler.update();
     return loss;
@@ -62,7 +81,10 @@ struct AmpTrainer {
   std::shared_ptr<Net> net;
   lamp::GradScaler scaler{
       lamp::GradScalerOptions().init_scale(1024).growth_interval(3)};
-  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
+  std::unique_ptr<lamp::optim::FusedOptimizer> optimizer;
+  // When set, step() unscales the gradients and calls it before the
+  // optimizer's step (where a training loop clips).
+  std::function<void()> after_unscale;
 };
 
 } // namespace lamp::test
