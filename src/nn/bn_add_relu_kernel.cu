@@ -187,20 +187,48 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One thread a channel: the blocks' partials in block order, then
+// The coefficients kernel's block: kCoefficientChannels channels (x) by
+// kCoefficientSlices slices (y) of the reduction's blocks. NOTE: one thread
+// a channel summing all of them in turn (up to 512 loads in a chain) took
+// 36-82 us a call on an H200, 0.77 ms of a bs64 ResNet-50 step (a trace,
+// benchmarks/README.md; the count of partials is the same at bs256); split
+// eight ways, the loads overlap.
+constexpr int kCoefficientChannels = 32;
+constexpr int kCoefficientSlices = 8;
+
+// Per channel: the reduction blocks' partials (slice y sums blocks y, y + 8,
+// ... in order, then slice 0 adds the slices in order: deterministic), then
 // dweight, dbias and the coefficients of dx = A * g + B * (x - mean) + C.
 template <bool kNormalisedZ>
-__global__ void coefficients_kernel(BnAddReluBackwardArgs a, int64_t blocks) {
+__global__ void __launch_bounds__(kCoefficientChannels* kCoefficientSlices)
+    coefficients_kernel(BnAddReluBackwardArgs a, int64_t blocks) {
   constexpr int kSums = kNormalisedZ ? 3 : 2;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= a.channels) {
+  const int64_t c =
+      static_cast<int64_t>(blockIdx.x) * kCoefficientChannels + threadIdx.x;
+  float part[kSums] = {};
+  if (c < a.channels) {
+#pragma unroll 4
+    for (int64_t b = threadIdx.y; b < blocks; b += kCoefficientSlices) {
+#pragma unroll
+      for (int s = 0; s < kSums; ++s) {
+        part[s] += a.partials[(b * kSums + s) * a.channels + c];
+      }
+    }
+  }
+  __shared__ float shared[kSums][kCoefficientSlices][kCoefficientChannels];
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+    shared[s][threadIdx.y][threadIdx.x] = part[s];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= a.channels) {
     return;
   }
   float sums[kSums] = {};
-  for (int64_t b = 0; b < blocks; ++b) {
 #pragma unroll
-    for (int s = 0; s < kSums; ++s) {
-      sums[s] += a.partials[(b * kSums + s) * a.channels + c];
+  for (int s = 0; s < kSums; ++s) {
+    for (int y = 0; y < kCoefficientSlices; ++y) {
+      sums[s] += shared[s][y][threadIdx.x];
     }
   }
   const float m = static_cast<float>(a.rows);
@@ -316,10 +344,13 @@ cudaError_t backward_typed(
          kThreads,
          0,
          stream>>>(a, l);
-  const auto per_channel =
-      static_cast<unsigned>((a.channels + kThreads - 1) / kThreads);
+  const auto channel_blocks = static_cast<unsigned>(
+      (a.channels + kCoefficientChannels - 1) / kCoefficientChannels);
   coefficients_kernel<kNormalisedZ>
-      <<<per_channel, kThreads, 0, stream>>>(a, l.blocks);
+      <<<channel_blocks,
+         dim3(kCoefficientChannels, kCoefficientSlices),
+         0,
+         stream>>>(a, l.blocks);
   dx_kernel<T, kNormalisedZ>
       <<<elementwise_blocks(a.rows, a.channels), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
