@@ -7,12 +7,9 @@
 // RandomResizedCrop window of each image (the loader's training crops, as
 // `partial_decode` does), with nvJPEG's ROI decode. `--pinned` hands
 // nvJPEG the encoded bytes in pinned host memory instead of pageable.
-// `--no-preallocate` leaves the engines' buffers to the decode calls
-// (NvjpegDecoderOptions::preallocate(false)).
 //
 //   nvjpeg_decoder --data DIR [--decoders 1] [--batch-size 256]
 //                  [--batches 60] [--cuda-backend] [--roi] [--pinned]
-//                  [--no-preallocate]
 //
 // Prints one JSON line: images/s, the share the engines decoded, and the
 // host time a decode() call takes (the stage thread's part of a batch),
@@ -82,12 +79,6 @@ int main(int argc, char** argv) {
   app.add_flag("--roi", roi, "decode only a training crop of each image");
   bool pinned = false;
   app.add_flag("--pinned", pinned, "the encoded bytes in pinned memory");
-  bool no_preallocate = false;
-  app.add_flag(
-      "--no-preallocate",
-      no_preallocate,
-      "the engines' buffers made in the decode calls "
-      "(NvjpegDecoderOptions::preallocate(false))");
   CLI11_PARSE(app, argc, argv);
 
   lamp::data::ImageFolder folder(dir);
@@ -154,9 +145,7 @@ int main(int argc, char** argv) {
     lamp::data::detail::NvjpegDecoder decoder(
         0,
         static_cast<int>(batch_size),
-        lamp::data::detail::NvjpegDecoderOptions()
-            .hardware(!cuda_backend)
-            .preallocate(!no_preallocate));
+        lamp::data::detail::NvjpegDecoderOptions().hardware(!cuda_backend));
     auto stream = c10::cuda::getStreamFromPool(false, 0);
     for (;;) {
       const int64_t b = next_batch++;
@@ -224,8 +213,7 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"lamp NvjpegDecoder\", \"decoders\": %d, \"backend\": "
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
-      "\"roi\": %s, \"pinned\": %s, \"preallocate\": %s, "
-      "\"hardware_share\": %.3f, "
+      "\"roi\": %s, \"pinned\": %s, \"hardware_share\": %.3f, "
       "\"host_ms_per_batch\": %.2f, \"host_cpu_ms_per_batch\": %.2f, "
       "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f}\n",
       decoders,
@@ -234,7 +222,6 @@ int main(int argc, char** argv) {
       static_cast<double>(decoded) / s,
       roi ? "true" : "false",
       pinned ? "true" : "false",
-      no_preallocate ? "false" : "true",
       static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
       n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
       n > 0 ? host_cpu / static_cast<double>(n) * 1e3 : 0.0,

@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <mutex>
 
 #include "decode_split.h"
@@ -175,13 +174,9 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
   if (options.decode() == ImageDecode::kGpu ||
       (options.decode() == ImageDecode::kAuto && nvjpeg_available(index))) {
     impl.mode = options.decode();
-    // TEMPORARY A/B switch (LAMP_NVJPEG_PREALLOCATE=0), removed once measured.
-    const char* pre = std::getenv("LAMP_NVJPEG_PREALLOCATE");
-    const auto nvjpeg_options = NvjpegDecoderOptions().preallocate(
-        pre == nullptr || std::string(pre) != "0");
     for (auto& lane : impl.lanes) {
-      lane.nvjpeg = std::make_unique<NvjpegDecoder>(
-          index, options.batch_size(), nvjpeg_options);
+      lane.nvjpeg =
+          std::make_unique<NvjpegDecoder>(index, options.batch_size());
     }
     if (impl.mode == ImageDecode::kAuto) {
       impl.split.emplace(options.num_threads(), options.stage_threads());

@@ -99,28 +99,6 @@ void NvjpegDecoder::Impl::init() {
         NVJPEG_FLAGS_DEFAULT,
         &handle));
   }
-  if (hardware && options.preallocate()) {
-    // NOTE: the size hint is the smallest (as nvImageCodec's default): what
-    // pays is that the engines' buffers then come from nvJPEG's pool rather
-    // than allocations in the decode calls; larger images grow them there.
-    // A failure only leaves the allocations to the decode calls.
-    const nvjpegStatus_t pre = nvjpegDecodeBatchedPreAllocate(
-        handle,
-        hardware_state,
-        max_batch_size,
-        /*width=*/1,
-        /*height=*/1,
-        NVJPEG_CSS_444,
-        NVJPEG_OUTPUT_RGBI);
-    if (pre != NVJPEG_STATUS_SUCCESS) {
-      TORCH_WARN_ONCE(
-          "lamp: nvjpegDecodeBatchedPreAllocate failed on cuda:",
-          int(device),
-          " (",
-          nvjpeg_status_name(pre),
-          "); the hardware engines allocate their buffers as they decode");
-    }
-  }
   if (hardware) {
     C10_CUDA_CHECK(
         cudaEventCreateWithFlags(&hardware_done, wait_event_flags()));

@@ -41,12 +41,6 @@ struct NvjpegDecoderOptions {
   /// switch. The hardware engines' buffers always come from cudaMalloc (see
   /// Note [nvJPEG streams and threads]). Default: true.
   TORCH_ARG(bool, caching_allocator) = true;
-  /// Make the hardware engines' buffers at construction, for a batch of
-  /// max_batch_size images (nvjpegDecodeBatchedPreAllocate, as NVIDIA's
-  /// DALI and nvImageCodec do: it also turns on nvJPEG's memory pool for
-  /// them); false: nvJPEG makes them in the first batches' decode calls, a
-  /// diagnostic switch. Default: true.
-  TORCH_ARG(bool, preallocate) = true;
 };
 
 /// Decodes JPEGs to RGB on one GPU: baseline files on the GPU's hardware

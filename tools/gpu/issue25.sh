@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, prealloc and now): any of build tests
-# sets loader probe roi e2e epochs dct prio prealloc now, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct, prio and now): any of build tests sets
+# loader probe roi e2e epochs dct prio now, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -217,26 +217,6 @@ if want prio; then
     say "prio nice $nice exit $?"
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/prio_*.jsonl
-fi
-if want prealloc; then
-  # The hardware engines' buffers made at construction
-  # (nvjpegDecodeBatchedPreAllocate, NvjpegDecoderOptions::preallocate,
-  # default on) or in the decode calls, same call: nvJPEG alone, then the
-  # loader (LAMP_NVJPEG_PREALLOCATE=0: a temporary A/B switch), pairs
-  # interleaved.
-  say "preallocate A/B"
-  N=$B/benchmarks/nvjpeg_decoder
-  for set in photo hard; do
-    for args in "--decoders 2" "--decoders 2 --no-preallocate"; do
-      timeout 60 $N --data $B/sets/$set/train --batches 40 --roi $args \
-        2>> "$OUT/prealloc.err" | sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/prealloc.jsonl"
-    done
-    for pre in 1 0 1 0; do
-      LAMP_NVJPEG_PREALLOCATE=$pre timeout 60 $L --data $B/sets/$set/train --threads 16 \
-        --batches 60 --decode auto 2>> "$OUT/prealloc.err" |
-        sed "s/^{/{\"set\": \"$set\", \"preallocate\": $pre, /" | tee -a "$OUT/prealloc.jsonl"
-    done
-  done
 fi
 if want now; then
   # ResNet-50 at today's defaults (fp16: the fused tail too) on synthetic
