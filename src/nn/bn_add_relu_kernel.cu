@@ -6,40 +6,13 @@
 #include <algorithm>
 
 #include "cuda_dtype.cuh"
+#include "nhwc_reduce.cuh"
 
 namespace lamp::nn::detail {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kPerVector = 8; // fp16/bf16 values in 16 bytes
-// Blocks of the backward's reduction: enough to fill an H100/H200 (132 SMs)
-// a few times over; each writes its partial sums, summed in a fixed order by
-// the next kernel (deterministic, no atomics).
-constexpr int64_t kReduceBlocks = 512;
-
-// How the reduction's threads cover a row of `channels / 8` vectors: `lanes`
-// threads a row, `rows_per_pass` rows at once, and `chunks` blocks across a
-// row wider than a block.
-struct ReduceLayout {
-  int lanes = 1;
-  int rows_per_pass = 1;
-  int chunks = 1;
-  int64_t blocks = 1;
-};
-
-ReduceLayout reduce_layout(int64_t rows, int64_t channels) {
-  const int64_t vectors = channels / kPerVector;
-  ReduceLayout l;
-  l.lanes = static_cast<int>(std::min<int64_t>(vectors, kThreads));
-  l.rows_per_pass = kThreads / l.lanes;
-  l.chunks = static_cast<int>((vectors + l.lanes - 1) / l.lanes);
-  const int64_t passes = (rows + l.rows_per_pass - 1) / l.rows_per_pass;
-  l.blocks = std::max<int64_t>(
-      1,
-      std::min<int64_t>(
-          passes, std::max<int64_t>(1, kReduceBlocks / l.chunks)));
-  return l;
-}
+constexpr int kThreads = kReduceThreads;
+constexpr int kPerVector = kReduceVector; // fp16/bf16 values in 16 bytes
 
 template <typename T>
 struct Vec {
@@ -162,74 +135,20 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  // The block's rows_per_pass threads of a lane add up, one sum at a time.
-  __shared__ float shared[kThreads * kPerVector];
-  for (int s = 0; s < kSums; ++s) {
-#pragma unroll
-    for (int k = 0; k < kPerVector; ++k) {
-      shared[threadIdx.x * kPerVector + k] = sum[s][k];
-    }
-    __syncthreads();
-    if (active && row0 == 0) {
-      float* out = a.partials +
-          (static_cast<int64_t>(blockIdx.x) * kSums + s) * a.channels +
-          vec * kPerVector;
-#pragma unroll
-      for (int k = 0; k < kPerVector; ++k) {
-        float total = 0.f;
-        for (int j = 0; j < l.rows_per_pass; ++j) {
-          total += shared[(j * l.lanes + lane) * kPerVector + k];
-        }
-        out[k] = total;
-      }
-    }
-    __syncthreads();
-  }
+  block_partials<kSums>(
+      sum, l, active, lane, row0, vec, a.channels, a.partials);
 }
 
-// The coefficients kernel's block: kCoefficientChannels channels (x) by
-// kCoefficientSlices slices (y) of the reduction's blocks. NOTE: one thread
-// a channel summing all of them in turn (up to 512 loads in a chain) took
-// 36-82 us a call on an H200, 0.77 ms of a bs64 ResNet-50 step (a trace,
-// benchmarks/README.md; the count of partials is the same at bs256); split
-// eight ways, the loads overlap.
-constexpr int kCoefficientChannels = 32;
-constexpr int kCoefficientSlices = 8;
-
-// Per channel: the reduction blocks' partials (slice y sums blocks y, y + 8,
-// ... in order, then slice 0 adds the slices in order: deterministic), then
-// dweight, dbias and the coefficients of dx = A * g + B * (x - mean) + C.
+// Per channel: the blocks' partials (fold_partials), then dweight, dbias
+// and the coefficients of dx = A * g + B * (x - mean) + C.
 template <bool kNormalisedZ>
-__global__ void __launch_bounds__(kCoefficientChannels* kCoefficientSlices)
+__global__ void __launch_bounds__(kFoldChannels* kFoldSlices)
     coefficients_kernel(BnAddReluBackwardArgs a, int64_t blocks) {
   constexpr int kSums = kNormalisedZ ? 3 : 2;
-  const int64_t c =
-      static_cast<int64_t>(blockIdx.x) * kCoefficientChannels + threadIdx.x;
-  float part[kSums] = {};
-  if (c < a.channels) {
-#pragma unroll 4
-    for (int64_t b = threadIdx.y; b < blocks; b += kCoefficientSlices) {
-#pragma unroll
-      for (int s = 0; s < kSums; ++s) {
-        part[s] += a.partials[(b * kSums + s) * a.channels + c];
-      }
-    }
-  }
-  __shared__ float shared[kSums][kCoefficientSlices][kCoefficientChannels];
-#pragma unroll
-  for (int s = 0; s < kSums; ++s) {
-    shared[s][threadIdx.y][threadIdx.x] = part[s];
-  }
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= a.channels) {
+  float sums[kSums];
+  const int64_t c = fold_partials<kSums>(a.partials, a.channels, blocks, sums);
+  if (c < 0) {
     return;
-  }
-  float sums[kSums] = {};
-#pragma unroll
-  for (int s = 0; s < kSums; ++s) {
-    for (int y = 0; y < kCoefficientSlices; ++y) {
-      sums[s] += shared[s][y][threadIdx.x];
-    }
   }
   const float m = static_cast<float>(a.rows);
   const auto branch = [&](float sum_g,
@@ -344,13 +263,8 @@ cudaError_t backward_typed(
          kThreads,
          0,
          stream>>>(a, l);
-  const auto channel_blocks = static_cast<unsigned>(
-      (a.channels + kCoefficientChannels - 1) / kCoefficientChannels);
   coefficients_kernel<kNormalisedZ>
-      <<<channel_blocks,
-         dim3(kCoefficientChannels, kCoefficientSlices),
-         0,
-         stream>>>(a, l.blocks);
+      <<<fold_grid(a.channels), fold_block(), 0, stream>>>(a, l.blocks);
   dx_kernel<T, kNormalisedZ>
       <<<elementwise_blocks(a.rows, a.channels), kThreads, 0, stream>>>(a);
   return cudaGetLastError();

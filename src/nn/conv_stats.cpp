@@ -5,8 +5,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
 #include <tuple>
 #include <utility>
+
+#if LAMP_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "channel_sums_kernel.h"
+#endif
 
 namespace lamp::nn::detail {
 namespace {
@@ -96,6 +104,14 @@ ConvStats composite(
   const double count = channels > 0
       ? static_cast<double>(result.output.numel() / channels)
       : 0.0;
+  if (auto sums = channel_sums(result.output); sums && count > 0) {
+    // One pass over the output at the memory's rate (ATen's statistics
+    // kernel below took ~4x the time of a read on an H200 in bf16,
+    // benchmarks/README.md).
+    result.sum = std::move(sums->first);
+    result.sum_of_squares = std::move(sums->second);
+    return result;
+  }
   if (result.output.is_cuda() && count > 0) {
     // One pass over the output (ATen's BatchNorm statistics kernel, Welford
     // in float32, channels-last aware), not a float32 copy and two
@@ -116,6 +132,39 @@ ConvStats composite(
 }
 
 } // namespace
+
+std::optional<std::pair<at::Tensor, at::Tensor>> channel_sums(
+    const at::Tensor& x) {
+#if LAMP_WITH_CUDA
+  const auto dtype = x.scalar_type();
+  if (!x.is_cuda() || x.dim() != 4 ||
+      (dtype != at::kHalf && dtype != at::kBFloat16) ||
+      !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(1) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {
+    return std::nullopt;
+  }
+  const int64_t channels = x.size(1);
+  const int64_t rows = channels > 0 ? x.numel() / channels : 0;
+  const auto f32 = x.options().dtype(at::kFloat);
+  auto partials = at::empty({channel_sums_partial_floats(rows, channels)}, f32);
+  auto sum = at::empty({channels}, f32);
+  auto sum_of_squares = at::empty({channels}, f32);
+  ChannelSumsArgs a;
+  a.dtype = dtype == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
+  a.rows = rows;
+  a.channels = channels;
+  a.x = x.data_ptr();
+  a.partials = partials.data_ptr<float>();
+  a.sum = sum.data_ptr<float>();
+  a.sum_of_squares = sum_of_squares.data_ptr<float>();
+  C10_CUDA_CHECK(launch_channel_sums(
+      a, c10::cuda::getCurrentCUDAStream(x.device().index())));
+  return std::make_pair(std::move(sum), std::move(sum_of_squares));
+#else
+  (void)x;
+  return std::nullopt;
+#endif
+}
 
 ConvStats conv2d_stats(
     const at::Tensor& input,

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace lamp::nn::detail {
 
@@ -68,6 +69,14 @@ std::optional<ConvStats> conv2d_stats_cudnn(
     const at::Tensor& scale,
     const at::Tensor& bias,
     std::string* why_not);
+
+// The float32 per-channel sum of `x`'s values and of their squares by
+// lamp's kernel (channel_sums_kernel.h: one read, deterministic), for a CUDA
+// channels-last float16/bfloat16 4-d tensor whose channels are a multiple
+// of 8; std::nullopt for any other tensor (or in a build without CUDA). The
+// composite path's sums on CUDA where it applies.
+LAMP_API std::optional<std::pair<at::Tensor, at::Tensor>> channel_sums(
+    const at::Tensor& x);
 
 // Tests: cuDNN graphs built or rejected in this process (each problem once
 // a thread; see Note [cuDNN graph cache] in cudnn_graph.h). 0 without the

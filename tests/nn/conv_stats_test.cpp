@@ -315,5 +315,56 @@ TEST_F(ConvStatsGpu, APlanIsBuiltOncePerShape) {
   EXPECT_EQ(lamp::nn::detail::conv_stats_graphs_built(), before + 2);
 }
 
+// The composite path's sums on CUDA (lamp's kernel) against float64 sums of
+// the same values, twice bit for bit, and the tensors it does not take.
+TEST_F(ConvStatsGpu, ChannelSumsEqualFloat64SumsAndRepeat) {
+  using lamp::nn::detail::channel_sums;
+  torch::manual_seed(5);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {8, 64, 28, 28}, {4, 2048, 7, 7}, {3, 24, 5, 5}, {64, 256, 14, 14}};
+  for (const auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    for (const auto& shape : shapes) {
+      const auto x = (torch::randn(shape, torch::kCUDA) * 2 + 0.5)
+                         .to(dtype)
+                         .contiguous(torch::MemoryFormat::ChannelsLast);
+      const auto sums = channel_sums(x);
+      ASSERT_TRUE(sums.has_value()) << c10::IntArrayRef(shape);
+      const auto wide = x.to(torch::kDouble);
+      // float32 sums of up to ~800k values: relative 1e-5 of the sum of
+      // magnitudes is ~100 roundings' worth.
+      expect_close_sums(
+          sums->first,
+          wide.sum({0, 2, 3}),
+          wide.abs().sum({0, 2, 3}) * 1e-3,
+          "sum");
+      expect_close_sums(
+          sums->second,
+          wide.square().sum({0, 2, 3}),
+          wide.square().sum({0, 2, 3}) * 1e-3,
+          "sum of squares");
+      const auto again = channel_sums(x);
+      EXPECT_TRUE(torch::equal(again->first, sums->first))
+          << c10::IntArrayRef(shape);
+      EXPECT_TRUE(torch::equal(again->second, sums->second))
+          << c10::IntArrayRef(shape);
+    }
+  }
+  const auto x = torch::randn({2, 16, 4, 4}, torch::kCUDA);
+  EXPECT_FALSE(channel_sums(x.to(torch::kHalf)).has_value()) << "NCHW";
+  EXPECT_FALSE(
+      channel_sums(x.contiguous(torch::MemoryFormat::ChannelsLast)).has_value())
+      << "float32";
+  EXPECT_FALSE(channel_sums(torch::randn({2, 12, 4, 4}, torch::kCUDA)
+                                .to(torch::kHalf)
+                                .contiguous(torch::MemoryFormat::ChannelsLast))
+                   .has_value())
+      << "12 channels";
+  EXPECT_FALSE(channel_sums(x.cpu()
+                                .to(torch::kHalf)
+                                .contiguous(torch::MemoryFormat::ChannelsLast))
+                   .has_value())
+      << "CPU";
+}
+
 } // namespace
 } // namespace conv_stats_test

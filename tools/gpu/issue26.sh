@@ -65,7 +65,7 @@ tar czf "$OUT/logs.tgz" -C "$OUT" l
 say memcheck
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 timeout 90 "$CS" --tool memcheck --error-exitcode 3 $B/tests/lamp_tests \
-  --gtest_filter='ConvBnAddReluGpu.Matches*:ConvBnAddReluGpu.WhatItDoes*:BatchNormFinalizeGpu.*' \
+  --gtest_filter='ConvBnAddReluGpu.Matches*:ConvBnAddReluGpu.WhatItDoes*:BatchNormFinalizeGpu.*:ConvStatsGpu.ChannelSums*' \
   > "$L/memcheck.log" 2>&1
 echo "memcheck exit $?"
 grep -E 'ERROR SUMMARY|PASSED|FAILED' "$L/memcheck.log" | head

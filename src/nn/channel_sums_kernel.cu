@@ -1,0 +1,92 @@
+#include "channel_sums_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
+
+#include "cuda_dtype.cuh"
+#include "nhwc_reduce.cuh"
+
+namespace lamp::nn::detail {
+namespace {
+
+// Per block and channel: the sum of the block's rows and of their squares.
+template <typename T>
+__global__ void __launch_bounds__(kReduceThreads)
+    partial_sums_kernel(ChannelSumsArgs a, ReduceLayout l) {
+  const int64_t vectors = a.channels / kReduceVector;
+  const int lane = threadIdx.x % l.lanes;
+  const int row0 = threadIdx.x / l.lanes;
+  const int64_t vec = static_cast<int64_t>(blockIdx.y) * l.lanes + lane;
+  const bool active = row0 < l.rows_per_pass && vec < vectors;
+  float sums[2][kReduceVector] = {};
+  if (active) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * l.rows_per_pass + row0;
+         r < a.rows;
+         r += static_cast<int64_t>(gridDim.x) * l.rows_per_pass) {
+      const uint4 raw = reinterpret_cast<const uint4*>(a.x)[r * vectors + vec];
+      T v[kReduceVector];
+      static_assert(sizeof(v) == sizeof(raw), "16 bytes");
+      memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+      for (int k = 0; k < kReduceVector; ++k) {
+        const float f = to_float(v[k]);
+        sums[0][k] += f;
+        sums[1][k] += f * f;
+      }
+    }
+  }
+  block_partials<2>(sums, l, active, lane, row0, vec, a.channels, a.partials);
+}
+
+// Per channel: the blocks' partials, added in block order.
+__global__ void __launch_bounds__(kFoldChannels* kFoldSlices)
+    fold_kernel(ChannelSumsArgs a, int64_t blocks) {
+  float total[2];
+  const int64_t c = fold_partials<2>(a.partials, a.channels, blocks, total);
+  if (c < 0) {
+    return;
+  }
+  a.sum[c] = total[0];
+  a.sum_of_squares[c] = total[1];
+}
+
+template <typename T>
+cudaError_t launch_typed(const ChannelSumsArgs& a, cudaStream_t stream) {
+  const ReduceLayout l = reduce_layout(a.rows, a.channels);
+  partial_sums_kernel<T>
+      <<<dim3(static_cast<unsigned>(l.blocks), static_cast<unsigned>(l.chunks)),
+         kReduceThreads,
+         0,
+         stream>>>(a, l);
+  fold_kernel<<<fold_grid(a.channels), fold_block(), 0, stream>>>(a, l.blocks);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+int64_t channel_sums_partial_floats(int64_t rows, int64_t channels) {
+  return reduce_layout(rows, channels).blocks * 2 * channels;
+}
+
+cudaError_t launch_channel_sums(
+    const ChannelSumsArgs& args,
+    cudaStream_t stream) {
+  if (args.channels == 0) {
+    return cudaSuccess;
+  }
+  if (args.rows == 0) {
+    // Nothing to read: the sums are 0.
+    const size_t bytes = static_cast<size_t>(args.channels) * sizeof(float);
+    cudaError_t e = cudaMemsetAsync(args.sum, 0, bytes, stream);
+    return e != cudaSuccess
+        ? e
+        : cudaMemsetAsync(args.sum_of_squares, 0, bytes, stream);
+  }
+  return args.dtype == ActDtype::kHalf
+      ? launch_typed<__half>(args, stream)
+      : launch_typed<__nv_bfloat16>(args, stream);
+}
+
+} // namespace lamp::nn::detail
