@@ -13,6 +13,10 @@
 
 #include "support.h"
 
+#if LAMP_WITH_CUDA
+#include "amp_trainer.h"
+#endif
+
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
 // build (LAMP_UNITY_BUILD), and file-local names of different files
 // must not meet in one unit.
@@ -175,40 +179,9 @@ struct ConvNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ConvNet);
 
-struct Trainer {
-  explicit Trainer(bool guard) : guard(guard) {
-    torch::manual_seed(3);
-    net = ConvNet();
-    net->to(torch::kCUDA);
-    for (auto& p : net->parameters()) {
-      if (p.dim() == 4) {
-        p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-      }
-    }
-    optimizer = std::make_unique<lamp::optim::FusedAdam>(
-        net->parameters(), torch::optim::AdamOptions(1e-2));
-  }
-  torch::Tensor step(const std::vector<torch::Tensor>& in) {
-    optimizer->zero_grad();
-    torch::Tensor loss;
-    {
-      lamp::AutocastGuard autocast(torch::kCUDA);
-      std::optional<BatchCountGuard> count;
-      if (guard) {
-        count.emplace(*net);
-      }
-      loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(*optimizer);
-    scaler.update();
-    return loss;
-  }
-  bool guard;
-  ConvNet net{nullptr};
-  lamp::GradScaler scaler;
-  std::unique_ptr<lamp::optim::FusedAdam> optimizer;
-};
+// SGD with momentum: a step's rounding stays a rounding in the weights
+// (see conv_bn_add_relu_test.cpp), so the two runs' statistics agree.
+using Trainer = lamp::test::AmpTrainer<ConvNetImpl>;
 
 TEST_F(BatchCountGuardGpu, EveryReplayOfACapturedStepCounts) {
   torch::manual_seed(5);
@@ -220,10 +193,13 @@ TEST_F(BatchCountGuardGpu, EveryReplayOfACapturedStepCounts) {
          torch::randint(
              0, 10, {8}, torch::dtype(torch::kLong).device(torch::kCUDA))});
   }
-  Trainer eager(/*guard=*/false);
-  Trainer graphed(/*guard=*/true);
+  Trainer eager(lamp::test::TrainWith::kSgdMomentum);
+  Trainer graphed(lamp::test::TrainWith::kSgdMomentum);
   lamp::GraphedStep step(
-      [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
+      [&](const std::vector<torch::Tensor>& in) {
+        BatchCountGuard count(*graphed.net);
+        return graphed.step(in);
+      },
       data[0],
       {graphed.optimizer.get()});
   for (const auto& batch : data) {
