@@ -11,6 +11,7 @@
 
 #if LAMP_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "channel_sums_kernel.h"
@@ -143,6 +144,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> channel_sums(
       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {
     return std::nullopt;
   }
+  const c10::cuda::CUDAGuard device_guard(x.device());
   const int64_t channels = x.size(1);
   const int64_t rows = channels > 0 ? x.numel() / channels : 0;
   const auto f32 = x.options().dtype(at::kFloat);
