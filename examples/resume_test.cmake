@@ -7,8 +7,8 @@
 # Runs PROGRAM three times: the whole run; the run stopped after STOP steps
 # with a checkpoint every EVERY steps; the run resumed from the newest
 # checkpoint. Every step and epoch line the resumed run writes to --metrics
-# (timings removed) must be in the whole run's metrics, and it must write
-# some.
+# (timings and the loader's decode counts removed) must be in the whole run's
+# metrics, and it must write some.
 
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
@@ -31,7 +31,7 @@ function(read_metrics name out)
     if(line MATCHES "\"kind\": \"summary\"")
       continue()
     endif()
-    string(REGEX REPLACE ", \"(step_ms|images_per_s)\": [^,}]*" "" line "${line}")
+    string(REGEX REPLACE ", \"(step_ms|images_per_s|gpu_decoded|cpu_decoded)\": [^,}]*" "" line "${line}")
     list(APPEND kept "${line}")
   endforeach()
   set(${out} "${kept}" PARENT_SCOPE)

@@ -195,6 +195,15 @@ class ImageData {
   }
 
   /// Training images skipped in the current epoch, as cannot be decoded.
+  // Training images this rank's loader has delivered, decoded by the GPU
+  // and by the CPU (the step records' `gpu_decoded` / `cpu_decoded`).
+  int64_t gpu_decoded() const {
+    return train_->gpu_decoded_images();
+  }
+  int64_t cpu_decoded() const {
+    return train_->cpu_decoded_images();
+  }
+
   int64_t skipped() const {
     return train_->skipped_images();
   }

@@ -263,6 +263,8 @@ Result train(
   examples::Progress progress(
       precision.name, total_steps, step, opt.log_every, print);
   int64_t done = 0; // steps run by this process
+  int64_t logged_gpu = 0; // the loader's counts at the last step record
+  int64_t logged_cpu = 0;
   while (step < total_steps) {
     examples::synchronize(device);
     // NOTE: `step` steps are done; trace the last `traced_steps`.
@@ -299,16 +301,28 @@ Result train(
       return std::make_pair(loss.item<double>(), scaler.get_scale());
     });
     if (timed >= 1 && (timed % opt.log_every == 0 || step == total_steps)) {
-      metrics.write(
-          {{"kind", std::string("step")},
-           {"model", std::string("resnet50")},
-           {"precision", precision.name},
-           {"step", timed},
-           {"loss", loss.item<double>()},
-           {"scale", scaler.get_scale()},
-           {"lr", optimizer.param_groups()[0].options().get_lr()},
-           {"step_ms", ms},
-           {"images_per_s", world_size * opt.batch_size * 1000.0 / ms}});
+      std::vector<std::pair<std::string, examples::JsonLines::Value>> record{
+          {"kind", std::string("step")},
+          {"model", std::string("resnet50")},
+          {"precision", precision.name},
+          {"step", timed},
+          {"loss", loss.item<double>()},
+          {"scale", scaler.get_scale()},
+          {"lr", optimizer.param_groups()[0].options().get_lr()},
+          {"step_ms", ms},
+          {"images_per_s", world_size * opt.batch_size * 1000.0 / ms}};
+      if (data) {
+        // How the loader split the batches since the last record (this
+        // rank's): where a slow step's images were decoded.
+        record.emplace_back("gpu_decoded", data->gpu_decoded() - logged_gpu);
+        record.emplace_back("cpu_decoded", data->cpu_decoded() - logged_cpu);
+        logged_gpu = data->gpu_decoded();
+        logged_cpu = data->cpu_decoded();
+      }
+      metrics.write(record);
+    } else if (data && timed < 1) {
+      logged_gpu = data->gpu_decoded(); // warm-up batches are not recorded
+      logged_cpu = data->cpu_decoded();
     }
     if (data && step % data->steps_per_epoch() == 0) {
       const int64_t epoch = step / data->steps_per_epoch();

@@ -3,8 +3,10 @@
 
 Usage: epoch_steps.py FILE.jsonl...  For each file: the steps per epoch
 (from its `epoch` records), then per epoch the number of timed steps, the
-mean and median step (ms) and the first three steps' times; a file without
-epochs (synthetic data) is one group.
+mean and median step (ms) and the first three steps' times (and, where the
+records have the loader's `gpu_decoded` / `cpu_decoded` counts, the GPU's
+share of the first steps' images and of the epoch's); a file without epochs
+(synthetic data) is one group.
 """
 import json
 import statistics
@@ -28,11 +30,14 @@ def main(paths):
         # records count all steps. Warm-up = first epoch end - timed steps in it.
         total = len(steps)
         warmup = (epoch_ends[-1] - steps[-1]["step"]) if epoch_ends else 0
-        groups = {}
+        groups, shares = {}, {}
         for r in steps:
             s = r["step"] + warmup  # steps done after this one
             e = sum(1 for end in epoch_ends if s > end)
             groups.setdefault(e, []).append(r["step_ms"])
+            if "gpu_decoded" in r:  # resnet50_amp --data
+                n = r["gpu_decoded"] + r["cpu_decoded"]
+                shares.setdefault(e, []).append(r["gpu_decoded"] / max(n, 1))
         allms = [r["step_ms"] for r in steps]
         print(f"{path}: {total} timed steps, mean {statistics.mean(allms):.2f} "
               f"median {statistics.median(allms):.2f} ms")
@@ -40,7 +45,11 @@ def main(paths):
             print(f"  epoch {e}: {len(ms)} steps, mean {statistics.mean(ms):.2f}, "
                   f"median {statistics.median(ms):.2f}, first "
                   + " ".join(f"{m:.1f}" for m in ms[:3])
-                  + f", max {max(ms):.1f}")
+                  + f", max {max(ms):.1f}"
+                  + (", GPU's share of the images, first steps "
+                     + " ".join(f"{g:.2f}" for g in shares[e][:4])
+                     + f", mean {statistics.mean(shares[e]):.2f}"
+                     if e in shares else ""))
 
 
 if __name__ == "__main__":
