@@ -4,6 +4,8 @@
 // under ImageDecode::kAuto, from the measured cost of each path, so that
 // the decode threads and the GPU finish a batch together.
 
+#include <lamp/export.h>
+
 #include <cstdint>
 
 namespace lamp::data::detail {
@@ -20,7 +22,7 @@ namespace lamp::data::detail {
 // keeps at least 1/32 of a batch so that it goes on being measured.
 //
 // Not thread-safe: the loader calls it under its mutex.
-class DecodeSplit {
+class LAMP_API DecodeSplit {
  public:
   DecodeSplit(int64_t threads, int64_t stages);
 
