@@ -10,10 +10,12 @@
 //
 //   nvjpeg_decoder --data DIR [--decoders 1] [--batch-size 256]
 //                  [--batches 60] [--cuda-backend] [--roi] [--pinned]
+//                  [--per-pass]
 //
-// Prints one JSON line: images/s, the share the engines decoded, and the
-// host time a decode() call takes (the stage thread's part of a batch),
-// wall and CPU.
+// Prints one JSON line: images/s, the share the engines decoded, the host
+// time a decode() call takes (the stage thread's part of a batch), wall and
+// CPU, and what nvJPEG allocated for its own buffers; with --per-pass, a
+// line per pass over the files (the first pass against later ones).
 
 #include <lamp/data.h>
 
@@ -25,11 +27,13 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +83,12 @@ int main(int argc, char** argv) {
   app.add_flag("--roi", roi, "decode only a training crop of each image");
   bool pinned = false;
   app.add_flag("--pinned", pinned, "the encoded bytes in pinned memory");
+  bool per_pass = false;
+  app.add_flag(
+      "--per-pass",
+      per_pass,
+      "also a line per pass over the files: host ms a batch and nvJPEG's "
+      "allocations");
   CLI11_PARSE(app, argc, argv);
 
   lamp::data::ImageFolder folder(dir);
@@ -138,6 +148,12 @@ int main(int argc, char** argv) {
   std::vector<double> host_seconds(decoders, 0.0);
   std::vector<double> host_cpu_seconds(decoders, 0.0);
   std::vector<int64_t> calls(decoders, 0);
+  // Per timed batch: the decode() call's host time, and what nvJPEG
+  // allocated (device + pinned) and how long that took, inside it.
+  std::vector<double> batch_ms(std::max<int64_t>(batches, 0), 0.0);
+  std::vector<int64_t> batch_allocations(batch_ms.size(), 0);
+  std::vector<double> batch_allocation_ms(batch_ms.size(), 0.0);
+  std::vector<lamp::data::detail::NvjpegAllocations> totals(decoders);
   std::atomic<int> ready{0};
   Clock::time_point start;
   auto work = [&](int t) {
@@ -164,11 +180,17 @@ int main(int argc, char** argv) {
         names.push_back(f.path);
         crops.push_back(f.crop);
       }
+      const auto a0 = decoder.allocations();
       const auto t0 = Clock::now();
       const double c0 = thread_cpu_seconds();
       auto images = decoder.decode(
           data, sizes, names, stream.stream(), nullptr, roi ? &crops : nullptr);
       if (b >= 0) {
+        const auto a1 = decoder.allocations();
+        batch_ms[b] = since(t0) * 1e3;
+        batch_allocations[b] = a1.device_allocations + a1.pinned_allocations -
+            a0.device_allocations - a0.pinned_allocations;
+        batch_allocation_ms[b] = (a1.seconds - a0.seconds) * 1e3;
         host_seconds[t] += since(t0);
         host_cpu_seconds[t] += thread_cpu_seconds() - c0;
         ++calls[t];
@@ -185,6 +207,7 @@ int main(int argc, char** argv) {
       }
     }
     stream.synchronize();
+    totals[t] = decoder.allocations();
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < decoders; ++t) {
@@ -210,12 +233,25 @@ int main(int argc, char** argv) {
     bytes += static_cast<double>(f.bytes.size());
     pixels += static_cast<double>(layout.width) * layout.height;
   }
+  lamp::data::detail::NvjpegAllocations all;
+  for (const auto& a : totals) {
+    all.device_allocations += a.device_allocations;
+    all.device_frees += a.device_frees;
+    all.device_bytes += a.device_bytes;
+    all.pinned_allocations += a.pinned_allocations;
+    all.pinned_frees += a.pinned_frees;
+    all.pinned_bytes += a.pinned_bytes;
+    all.seconds += a.seconds;
+  }
   std::printf(
       "{\"impl\": \"lamp NvjpegDecoder\", \"decoders\": %d, \"backend\": "
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"roi\": %s, \"pinned\": %s, \"hardware_share\": %.3f, "
       "\"host_ms_per_batch\": %.2f, \"host_cpu_ms_per_batch\": %.2f, "
-      "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f}\n",
+      "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f, "
+      "\"nvjpeg_allocations\": {\"device\": %lld, \"device_frees\": %lld, "
+      "\"device_mib\": %.1f, \"pinned\": %lld, \"pinned_frees\": %lld, "
+      "\"pinned_mib\": %.1f, \"ms\": %.1f}}\n",
       decoders,
       cuda_backend ? "cuda" : "hardware+cuda",
       static_cast<long long>(batch_size),
@@ -227,6 +263,41 @@ int main(int argc, char** argv) {
       n > 0 ? host_cpu / static_cast<double>(n) * 1e3 : 0.0,
       files.size(),
       pixels / static_cast<double>(files.size()) / 1e3,
-      bytes / static_cast<double>(files.size()) / 1e3);
+      bytes / static_cast<double>(files.size()) / 1e3,
+      static_cast<long long>(all.device_allocations),
+      static_cast<long long>(all.device_frees),
+      static_cast<double>(all.device_bytes) / (1 << 20),
+      static_cast<long long>(all.pinned_allocations),
+      static_cast<long long>(all.pinned_frees),
+      static_cast<double>(all.pinned_bytes) / (1 << 20),
+      all.seconds * 1e3);
+  if (per_pass) {
+    // Timed batch b decodes files from ((b + decoders) * batch_size) on.
+    const auto per = static_cast<double>(files.size()) /
+        static_cast<double>(batch_size);
+    std::map<int64_t, std::vector<int64_t>> passes;
+    for (int64_t b = 0; b < batches; ++b) {
+      passes[static_cast<int64_t>(static_cast<double>(b + decoders) / per)]
+          .push_back(b);
+    }
+    for (const auto& [pass, ids] : passes) {
+      double ms = 0;
+      double alloc_ms = 0;
+      int64_t allocations = 0;
+      for (const int64_t b : ids) {
+        ms += batch_ms[b];
+        alloc_ms += batch_allocation_ms[b];
+        allocations += batch_allocations[b];
+      }
+      std::printf(
+          "{\"pass\": %lld, \"batches\": %zu, \"host_ms_per_batch\": %.2f, "
+          "\"allocations\": %lld, \"allocation_ms\": %.1f}\n",
+          static_cast<long long>(pass),
+          ids.size(),
+          ms / static_cast<double>(ids.size()),
+          static_cast<long long>(allocations),
+          alloc_ms);
+    }
+  }
   return 0;
 }

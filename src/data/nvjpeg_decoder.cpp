@@ -278,6 +278,10 @@ int64_t NvjpegDecoder::cuda_decoded() const {
   return impl_->cuda_count;
 }
 
+NvjpegAllocations NvjpegDecoder::allocations() const {
+  return impl_->counted.counts();
+}
+
 bool NvjpegDecoder::has_hardware() const {
   return impl_->hardware;
 }

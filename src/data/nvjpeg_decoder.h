@@ -19,6 +19,8 @@
 #include <lamp/data/transforms.h>
 #include <lamp/export.h>
 
+#include "nvjpeg_counted_memory.h"
+
 namespace lamp::data::detail {
 
 /// Why NvjpegDecoder::decode did not decode one image of a batch.
@@ -109,6 +111,11 @@ class LAMP_API NvjpegDecoder {
   /// and how many the CUDA backend did.
   int64_t hardware_decoded() const;
   int64_t cuda_decoded() const;
+
+  /// What nvJPEG allocated and freed for this decoder so far (its own
+  /// buffers, not the outputs): counts, bytes, and the time spent in the
+  /// calls.
+  NvjpegAllocations allocations() const;
 
   /// Whether this decoder uses the hardware engines (false when the GPU has
   /// none, or after they failed on three batches in a row that the CUDA

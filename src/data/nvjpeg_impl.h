@@ -7,6 +7,7 @@
 // each backend's decode). See Note [nvJPEG streams and threads] in
 // nvjpeg_decoder.cpp.
 
+#include "nvjpeg_counted_memory.h"
 #include "nvjpeg_decoder.h"
 #include "nvjpeg_utils.h"
 
@@ -56,6 +57,9 @@ struct NvjpegDecoder::Impl {
   c10::DeviceIndex device = 0;
   int max_batch_size = 0;
   NvjpegDecoderOptions options;
+  // nvJPEG's own allocations (the handle's, the slots' pinned buffers);
+  // outlives every nvJPEG object below (~Impl releases them first).
+  CountedMemory counted;
   nvjpegHandle_t handle = nullptr;
   bool hardware = false;
   int hardware_failures = 0; // batches in a row

@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio and now): any of build tests sets
-# loader probe roi e2e epochs dct prio now, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct, prio, now and alloc): any of build tests
+# sets loader probe roi e2e epochs dct prio now alloc, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -235,5 +235,39 @@ if want now; then
     say "now $set exit $?"
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/now_*.jsonl
+fi
+if want alloc; then
+  # What nvJPEG allocates while it decodes (its buffers grow, and cudaFree /
+  # cudaFreeHost wait for the whole device): nvJPEG alone a pass at a time
+  # over each set, then ResNet-50 on the photo set, three epochs, with
+  # nvJPEG only and with every decoder, each allocation traced
+  # (LAMP_NVJPEG_TRACE=1), without and with nvJPEG's memory padding
+  # (LAMP_NVJPEG_PADDING_MB=device,pinned).
+  say "nvJPEG's allocations"
+  N=$B/benchmarks/nvjpeg_decoder
+  for pad in none ${PADS:-16,8}; do
+    for set in photo hard; do
+      files=6000
+      [ $set = hard ] && files=4000
+      LAMP_NVJPEG_PADDING_MB=${pad/none/} timeout 60 $N \
+        --data $B/sets/$set/train --decoders 2 --roi --batches 60 --max-files $files --per-pass \
+        2>> "$OUT/alloc.err" | sed "s/^{/{\"set\": \"$set\", \"padding\": \"$pad\", /" |
+        tee -a "$OUT/alloc.jsonl"
+    done
+  done
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+    --metrics "$OUT/alloc_synthetic.jsonl" > "$OUT/alloc_synthetic.log" 2>&1
+  for decode in gpu auto; do
+    for pad in none ${PADS:-16,8}; do
+      tag=${decode}_${pad/,/-}
+      LAMP_NVJPEG_TRACE=1 LAMP_NVJPEG_PADDING_MB=${pad/none/} timeout 150 $R $COMMON \
+        --data $B/sets/photo --epochs 3 --warmup 5 --workers 16 --log-every 1 --decode $decode \
+        --metrics "$OUT/alloc_$tag.jsonl" > "$OUT/alloc_$tag.log" 2>&1
+      say "alloc $tag exit $? ($(grep -c 'lamp nvjpeg' "$OUT/alloc_$tag.log") allocations and frees)"
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/alloc_*.jsonl
 fi
 say "done"
