@@ -273,8 +273,8 @@ int main(int argc, char** argv) {
       all.seconds * 1e3);
   if (per_pass) {
     // Timed batch b decodes files from ((b + decoders) * batch_size) on.
-    const auto per = static_cast<double>(files.size()) /
-        static_cast<double>(batch_size);
+    const auto per =
+        static_cast<double>(files.size()) / static_cast<double>(batch_size);
     std::map<int64_t, std::vector<int64_t>> passes;
     for (int64_t b = 0; b < batches; ++b) {
       passes[static_cast<int64_t>(static_cast<double>(b + decoders) / per)]

@@ -11,8 +11,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <optional>
 
 namespace lamp::data::detail {
@@ -53,24 +51,6 @@ const char* unsupported_reason(const JpegLayout& layout) {
   return nullptr;
 }
 
-// TEMPORARY (an A/B switch, to be removed): LAMP_NVJPEG_PADDING_MB=D,P
-// pads nvJPEG's device allocations by D MiB and its pinned ones by P MiB
-// (nvjpegSetDeviceMemoryPadding / nvjpegSetPinnedMemoryPadding).
-void set_padding_from_environment(nvjpegHandle_t handle) {
-  const char* v = std::getenv("LAMP_NVJPEG_PADDING_MB");
-  if (v == nullptr) {
-    return;
-  }
-  long device_mb = 0;
-  long pinned_mb = 0;
-  if (std::sscanf(v, "%ld,%ld", &device_mb, &pinned_mb) == 2) {
-    LAMP_NVJPEG_CHECK(
-        nvjpegSetDeviceMemoryPadding(size_t(device_mb) << 20, handle));
-    LAMP_NVJPEG_CHECK(
-        nvjpegSetPinnedMemoryPadding(size_t(pinned_mb) << 20, handle));
-  }
-}
-
 } // namespace
 
 unsigned int wait_event_flags() {
@@ -78,12 +58,13 @@ unsigned int wait_event_flags() {
 }
 
 void NvjpegDecoder::Impl::init() {
+  own_memory = std::make_unique<NvjpegMemory>(device);
   nvjpegStatus_t status = NVJPEG_STATUS_ARCH_MISMATCH;
   if (options.hardware()) {
     status = nvjpegCreateExV2(
         NVJPEG_BACKEND_HARDWARE,
-        counted.device_allocator(),
-        counted.pinned_allocator(),
+        own_memory->device_allocator(),
+        own_memory->pinned_allocator(),
         NVJPEG_FLAGS_DEFAULT,
         &handle);
     if (status != NVJPEG_STATUS_SUCCESS) {
@@ -114,12 +95,11 @@ void NvjpegDecoder::Impl::init() {
     }
     LAMP_NVJPEG_CHECK(nvjpegCreateExV2(
         NVJPEG_BACKEND_DEFAULT,
-        counted.device_allocator(),
-        counted.pinned_allocator(),
+        own_memory->device_allocator(),
+        own_memory->pinned_allocator(),
         NVJPEG_FLAGS_DEFAULT,
         &handle));
   }
-  set_padding_from_environment(handle);
   if (hardware) {
     C10_CUDA_CHECK(
         cudaEventCreateWithFlags(&hardware_done, wait_event_flags()));
@@ -136,7 +116,7 @@ void NvjpegDecoder::Impl::init() {
         handle, memory->allocator(), &device_buffer));
   } else {
     LAMP_NVJPEG_CHECK(nvjpegBufferDeviceCreateV2(
-        handle, counted.device_allocator(), &device_buffer));
+        handle, own_memory->device_allocator(), &device_buffer));
   }
   for (int parity = 0; parity < 2; ++parity) {
     C10_CUDA_CHECK(
@@ -209,7 +189,7 @@ Slot& NvjpegDecoder::Impl::slot() {
     try {
       LAMP_NVJPEG_CHECK(nvjpegDecoderStateCreate(handle, decoder, &s.state));
       LAMP_NVJPEG_CHECK(nvjpegBufferPinnedCreateV2(
-          handle, counted.pinned_allocator(), &s.pinned));
+          handle, own_memory->pinned_allocator(), &s.pinned));
       LAMP_NVJPEG_CHECK(nvjpegStateAttachPinnedBuffer(s.state, s.pinned));
       LAMP_NVJPEG_CHECK(nvjpegStateAttachDeviceBuffer(s.state, device_buffer));
       C10_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, wait_event_flags()));

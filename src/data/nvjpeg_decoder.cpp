@@ -35,10 +35,11 @@ namespace lamp::data::detail {
 // waits). So before the hardware decode, decode() waits on the host until
 // `stream` is idle: the one host sync of a batch, and only of batches with
 // images for the engines. Pass a stream that carries the loader's work only,
-// never the training stream. The engines' own buffers (the hardware state's)
-// come from nvJPEG's default allocator, cudaMalloc, which never hands out
-// memory that queued work still uses; they grow to the largest batch and
-// stay.
+// never the training stream. The engines' own device buffers (the hardware
+// state's) come from cudaMalloc, which never hands out memory that queued
+// work still uses, their pinned buffers from LibTorch's caching host
+// allocator (Note [nvJPEG's own memory], nvjpeg_memory.cpp); they grow to
+// the largest batch and stay.
 //
 // The CUDA backend (decoupled API: host phase, transfer, device phase) keeps
 // stream order. Each of its images takes a slot {decoder state, pinned
@@ -46,7 +47,8 @@ namespace lamp::data::detail {
 // buffer, in stream order. The device buffer comes from the caching
 // allocator through nvJPEG's stream-aware allocator (CachingDeviceMemory,
 // nvjpeg_utils.h), or from cudaMalloc (NvjpegDecoderOptions); the pinned
-// buffers from cudaHostAlloc (nvJPEG's default).
+// buffers from LibTorch's caching host allocator (Note [nvJPEG's own
+// memory], nvjpeg_memory.cpp).
 //
 // Other host waits are on events of earlier work, normally done by then:
 // a slot's previous image (kSlots images back), the batch before last (its
@@ -137,6 +139,7 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
   if (d.memory) {
     d.memory->use_stream(stream);
   }
+  d.own_memory->use_stream(stream);
   if (stream != d.last_stream) {
     // See Note [nvJPEG streams and threads]: the shared buffers.
     C10_CUDA_CHECK(
@@ -279,7 +282,7 @@ int64_t NvjpegDecoder::cuda_decoded() const {
 }
 
 NvjpegAllocations NvjpegDecoder::allocations() const {
-  return impl_->counted.counts();
+  return impl_->own_memory->counts();
 }
 
 bool NvjpegDecoder::has_hardware() const {

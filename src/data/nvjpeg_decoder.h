@@ -19,7 +19,7 @@
 #include <lamp/data/transforms.h>
 #include <lamp/export.h>
 
-#include "nvjpeg_counted_memory.h"
+#include "nvjpeg_memory.h"
 
 namespace lamp::data::detail {
 

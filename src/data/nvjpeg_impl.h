@@ -7,8 +7,8 @@
 // each backend's decode). See Note [nvJPEG streams and threads] in
 // nvjpeg_decoder.cpp.
 
-#include "nvjpeg_counted_memory.h"
 #include "nvjpeg_decoder.h"
+#include "nvjpeg_memory.h"
 #include "nvjpeg_utils.h"
 
 #include <cuda_runtime_api.h>
@@ -57,9 +57,10 @@ struct NvjpegDecoder::Impl {
   c10::DeviceIndex device = 0;
   int max_batch_size = 0;
   NvjpegDecoderOptions options;
-  // nvJPEG's own allocations (the handle's, the slots' pinned buffers);
-  // outlives every nvJPEG object below (~Impl releases them first).
-  CountedMemory counted;
+  // The handle's allocators (its buffers, the slots' pinned buffers): made
+  // before and destroyed after every nvJPEG object below (~Impl releases
+  // those first). See Note [nvJPEG's own memory].
+  std::unique_ptr<NvjpegMemory> own_memory;
   nvjpegHandle_t handle = nullptr;
   bool hardware = false;
   int hardware_failures = 0; // batches in a row

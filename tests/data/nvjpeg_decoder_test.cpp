@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -397,6 +398,59 @@ TEST_F(NvjpegDecoderGpu, DecodesMixedBatches) {
     EXPECT_TRUE(torch::equal(first[i], second[i])) << batch[i]->name;
     expect_close(on_cuda[i], *batch[i], "cuda batch #" + std::to_string(i));
     EXPECT_TRUE(torch::equal(on_cuda[i], on_malloc[i])) << batch[i]->name;
+  }
+}
+
+TEST_F(NvjpegDecoderGpu, BuffersThatGrowKeepDecodingRight) {
+  // Batches of larger and larger files, on two streams in turn, without
+  // waiting in between: nvJPEG frees its smaller buffers and allocates
+  // larger ones while the work of the batches before may still be queued
+  // (its pinned ones go back to LibTorch's caching host allocator, to be
+  // handed out again once that work is done). Every output must still be
+  // the file's pixels, and the counts must add up.
+  auto files = decodable();
+  std::sort(files.begin(), files.end(), [](const auto* x, const auto* y) {
+    return x->bytes.size() < y->bytes.size();
+  });
+  const auto a = c10::cuda::getStreamFromPool(false, 0);
+  const auto b = c10::cuda::getStreamFromPool(false, 0);
+  NvjpegDecoder hardware(0, 32);
+  NvjpegDecoder cuda(0, 32, NvjpegDecoderOptions().hardware(false));
+  std::vector<
+      std::pair<std::vector<torch::Tensor>, std::vector<const JpegFile*>>>
+      decoded;
+  for (int round = 0; round < 2; ++round) {
+    for (size_t n = 1; n <= 32; n *= 2) {
+      std::vector<const JpegFile*> batch;
+      for (size_t i = 0; i < n; ++i) {
+        // The n-th batch ends with the largest files.
+        batch.push_back(files[(files.size() - n + i) % files.size()]);
+      }
+      for (NvjpegDecoder* decoder : {&hardware, &cuda}) {
+        const auto& stream = (n + round) % 2 ? a : b;
+        decoded.emplace_back(decode(*decoder, batch, stream.stream()), batch);
+      }
+    }
+  }
+  a.synchronize();
+  b.synchronize();
+  for (const auto& [out, batch] : decoded) {
+    ASSERT_EQ(out.size(), batch.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      expect_close(out[i], *batch[i], "batch of " + std::to_string(out.size()));
+    }
+  }
+  for (NvjpegDecoder* decoder : {&hardware, &cuda}) {
+    const auto counts = decoder->allocations();
+    std::cout << "[ nvjpeg   ] " << (decoder == &cuda ? "cuda" : "hardware")
+              << ": pinned " << counts.pinned_allocations << " allocated, "
+              << counts.pinned_frees << " freed; device "
+              << counts.device_allocations << " allocated, "
+              << counts.device_frees << " freed\n";
+    EXPECT_GT(counts.pinned_allocations, 0);
+    EXPECT_LE(counts.pinned_frees, counts.pinned_allocations);
+    EXPECT_LE(counts.device_frees, counts.device_allocations);
+    EXPECT_GE(counts.pinned_bytes, counts.pinned_allocations);
   }
 }
 

@@ -237,36 +237,28 @@ if want now; then
   python3 tools/gpu/epoch_steps.py "$OUT"/now_*.jsonl
 fi
 if want alloc; then
-  # What nvJPEG allocates while it decodes (its buffers grow, and cudaFree /
-  # cudaFreeHost wait for the whole device): nvJPEG alone a pass at a time
-  # over each set, then ResNet-50 on the photo set, three epochs, with
-  # nvJPEG only and with every decoder, each allocation traced
-  # (LAMP_NVJPEG_TRACE=1), without and with nvJPEG's memory padding
-  # (LAMP_NVJPEG_PADDING_MB=device,pinned).
+  # What nvJPEG allocates while it decodes (its buffers grow; Note [nvJPEG's
+  # own memory]): nvJPEG alone a pass at a time over each set, then
+  # ResNet-50 on the photo set, three epochs, nvJPEG only and every decoder,
+  # each allocation and free traced (LAMP_NVJPEG_TRACE=1) with its time.
   say "nvJPEG's allocations"
   N=$B/benchmarks/nvjpeg_decoder
-  for pad in none ${PADS:-16,8}; do
-    for set in photo hard; do
-      files=6000
-      [ $set = hard ] && files=4000
-      LAMP_NVJPEG_PADDING_MB=${pad/none/} timeout 60 $N \
-        --data $B/sets/$set/train --decoders 2 --roi --batches 60 --max-files $files --per-pass \
-        2>> "$OUT/alloc.err" | sed "s/^{/{\"set\": \"$set\", \"padding\": \"$pad\", /" |
-        tee -a "$OUT/alloc.jsonl"
-    done
+  for set in photo hard; do
+    files=6000
+    [ $set = hard ] && files=4000
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 60 \
+      --max-files $files --per-pass 2>> "$OUT/alloc.err" |
+      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/alloc.jsonl"
   done
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
-  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
-    --metrics "$OUT/alloc_synthetic.jsonl" > "$OUT/alloc_synthetic.log" 2>&1
   for decode in gpu auto; do
-    for pad in none ${PADS:-16,8}; do
-      tag=${decode}_${pad/,/-}
-      LAMP_NVJPEG_TRACE=1 LAMP_NVJPEG_PADDING_MB=${pad/none/} timeout 150 $R $COMMON \
-        --data $B/sets/photo --epochs 3 --warmup 5 --workers 16 --log-every 1 --decode $decode \
-        --metrics "$OUT/alloc_$tag.jsonl" > "$OUT/alloc_$tag.log" 2>&1
-      say "alloc $tag exit $? ($(grep -c 'lamp nvjpeg' "$OUT/alloc_$tag.log") allocations and frees)"
-    done
+    LAMP_NVJPEG_TRACE=1 timeout 150 $R $COMMON --data $B/sets/photo --epochs 3 --warmup 5 \
+      --workers 16 --log-every 1 --decode $decode \
+      --metrics "$OUT/alloc_$decode.jsonl" > "$OUT/alloc_$decode.log" 2>&1
+    say "alloc $decode exit $?"
+    grep 'lamp nvjpeg' "$OUT/alloc_$decode.log" | awk '{n[$5" "$6]++; t[$5" "$6]+=$(NF-1)}
+      END {for (k in n) printf "  %s: %d calls, %.1f ms\n", k, n[k], t[k]}'
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/alloc_*.jsonl
 fi

@@ -1,17 +1,18 @@
 #pragma once
 
-// Internal: nvJPEG's own allocations (its handle's buffers: the hardware
-// engines' state; the CUDA backend's pinned buffers) made with cudaMalloc
-// and cudaHostAlloc as nvJPEG's default allocators make them, through
-// allocators of lamp's that count and time them. A buffer that grows is
-// freed and allocated anew, and cudaFree / cudaFreeHost wait for the whole
-// device (the training step's queued work too): how often that happens in
-// a run is what these counts show.
+// Internal: the allocators of an NvjpegDecoder's nvJPEG handle (its own
+// buffers: the hardware engines' state, the CUDA backend's pinned buffers),
+// counted. See Note [nvJPEG's own memory] in nvjpeg_memory.cpp.
 
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
 #include <nvjpeg.h>
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace lamp::data::detail {
 
@@ -19,23 +20,23 @@ namespace lamp::data::detail {
 struct NvjpegAllocations {
   int64_t device_allocations = 0;
   int64_t device_frees = 0;
-  int64_t device_bytes = 0; // allocated, in all
+  int64_t device_bytes = 0; // asked for, in all
   int64_t pinned_allocations = 0;
   int64_t pinned_frees = 0;
   int64_t pinned_bytes = 0;
   double seconds = 0; // inside these calls, on the calling threads
 };
 
-/// nvJPEG's V2 device and pinned allocators on cudaMalloc / cudaFree and
-/// cudaHostAlloc / cudaFreeHost (what nvJPEG does by default), counted.
-/// Thread-safe.
-class CountedMemory {
+/// nvJPEG's V2 allocators for one handle: device memory from cudaMalloc
+/// (as nvJPEG's default), pinned memory from LibTorch's caching host
+/// allocator, every call counted. Thread-safe.
+class NvjpegMemory {
  public:
-  CountedMemory();
-  CountedMemory(const CountedMemory&) = delete;
-  CountedMemory& operator=(const CountedMemory&) = delete;
+  explicit NvjpegMemory(c10::DeviceIndex device);
+  NvjpegMemory(const NvjpegMemory&) = delete;
+  NvjpegMemory& operator=(const NvjpegMemory&) = delete;
 
-  /// For nvjpegCreateExV2 / nvjpegBufferPinnedCreateV2; valid while this
+  /// For nvjpegCreateExV2 and nvjpegBuffer*CreateV2; valid while this
   /// object lives.
   nvjpegDevAllocatorV2_t* device_allocator() {
     return &device_;
@@ -43,6 +44,8 @@ class CountedMemory {
   nvjpegPinnedAllocatorV2_t* pinned_allocator() {
     return &pinned_;
   }
+  /// Notes a stream that nvJPEG's work with these buffers runs on.
+  void use_stream(cudaStream_t stream);
   NvjpegAllocations counts() const;
 
  private:
@@ -52,8 +55,12 @@ class CountedMemory {
   static int pinned_free(void* self, void* ptr, size_t size, cudaStream_t);
   void add_time(double seconds);
 
+  c10::DeviceIndex device_index_;
   nvjpegDevAllocatorV2_t device_{};
   nvjpegPinnedAllocatorV2_t pinned_{};
+  std::mutex mutex_; // guards pinned_blocks_ and streams_
+  std::unordered_map<void*, c10::DataPtr> pinned_blocks_;
+  std::vector<cudaStream_t> streams_;
   std::atomic<int64_t> device_allocations_{0};
   std::atomic<int64_t> device_frees_{0};
   std::atomic<int64_t> device_bytes_{0};
