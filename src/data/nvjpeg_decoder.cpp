@@ -1,7 +1,6 @@
 #include "nvjpeg_decoder.h"
 
 #include "nvjpeg_impl.h"
-#include "nvjpeg_warm_up.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -11,7 +10,6 @@
 #include <c10/util/Exception.h>
 #include <nvjpeg.h>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -89,11 +87,6 @@ NvjpegDecoder::NvjpegDecoder(
   impl_->options = options;
   c10::cuda::CUDAGuard guard(device);
   impl_->init(); // on failure, ~Impl releases what init() made
-  // TEMPORARY (an A/B switch, to be removed): LAMP_NVJPEG_WARMUP=0.
-  const char* env = std::getenv("LAMP_NVJPEG_WARMUP");
-  if (options.warm_up() && !(env != nullptr && env[0] == '0')) {
-    warm_up(*this);
-  }
 }
 
 NvjpegDecoder::~NvjpegDecoder() = default;

@@ -43,10 +43,6 @@ struct NvjpegDecoderOptions {
   /// switch. The hardware engines' buffers always come from cudaMalloc (see
   /// Note [nvJPEG streams and threads]). Default: true.
   TORCH_ARG(bool, caching_allocator) = true;
-  /// Decode a few tiny JPEGs of every layout when the decoder is made, so
-  /// that CUDA loads nvJPEG's kernels then rather than during training (see
-  /// Note [nvJPEG's kernels load early], nvjpeg_warm_up.cpp). Default: true.
-  TORCH_ARG(bool, warm_up) = true;
 };
 
 /// Decodes JPEGs to RGB on one GPU: baseline files on the GPU's hardware
