@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <exception>
 
 namespace lamp::data::detail {
@@ -18,11 +16,12 @@ namespace lamp::data::detail {
 // the old buffer and allocates a larger one. With nvJPEG's default
 // allocators a pinned buffer is freed with cudaFreeHost, which waits for
 // the whole device, the training step's queued work too: measured on an
-// H200 under ResNet-50 training, 20-30 ms a call, ~60 calls in the first
-// epoch of a 6,000-image set, each stalling a stage thread (benchmarks/
-// README.md). So the pinned buffers come from LibTorch's caching host
-// allocator: a freed block goes back to its cache, not to the driver, and is
-// handed out again only once the work queued before the free, on every
+// H200 under ResNet-50 training, 20-30 ms a call, 35-59 calls in a
+// three-epoch run on 6,000 photographs (most in the first), each stalling
+// a stage thread (benchmarks/README.md). A loader thread should not wait
+// for the training step, so the pinned buffers come from LibTorch's caching
+// host allocator: a freed block goes back to its cache, not to the driver, and
+// is handed out again only once the work queued before the free, on every
 // stream this decoder ran on, is done (events recorded at the free), as
 // for a pinned tensor. Its sizes are powers of two, so a buffer that grows
 // grows less often.
@@ -41,30 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// TEMPORARY (an A/B diagnostic, to be removed): LAMP_NVJPEG_TRACE=1 prints
-// every allocation and free with the time since the first.
-bool tracing() {
-  static const bool on = [] {
-    const char* v = std::getenv("LAMP_NVJPEG_TRACE");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
-
-void trace(const char* what, size_t size, double seconds) {
-  if (!tracing()) {
-    return;
-  }
-  static const Clock::time_point start = Clock::now();
-  std::fprintf(
-      stderr,
-      "[lamp nvjpeg] %.3f s %s %zu bytes %.3f ms\n",
-      std::chrono::duration<double>(Clock::now() - start).count(),
-      what,
-      size,
-      seconds * 1e3);
 }
 
 } // namespace
@@ -117,7 +92,6 @@ int NvjpegMemory::device_malloc(
   m->add_time(s);
   ++m->device_allocations_;
   m->device_bytes_ += static_cast<int64_t>(size);
-  trace("device malloc", size, s);
   return static_cast<int>(e);
 }
 
@@ -132,7 +106,6 @@ int NvjpegMemory::device_free(
   const double s = since(t);
   m->add_time(s);
   ++m->device_frees_;
-  trace("device free", size, s);
   return static_cast<int>(e);
 }
 
@@ -156,7 +129,6 @@ int NvjpegMemory::pinned_malloc(
     m->add_time(s);
     ++m->pinned_allocations_;
     m->pinned_bytes_ += static_cast<int64_t>(size);
-    trace("pinned malloc", size, s);
     return 0;
   } catch (const std::exception&) {
     return 1;
@@ -202,7 +174,6 @@ int NvjpegMemory::pinned_free(
     const double s = since(t);
     m->add_time(s);
     ++m->pinned_frees_;
-    trace("pinned free", size, s);
     return 0;
   } catch (const std::exception&) {
     return 1;

@@ -238,9 +238,9 @@ if want now; then
 fi
 if want alloc; then
   # What nvJPEG allocates while it decodes (its buffers grow; Note [nvJPEG's
-  # own memory]): nvJPEG alone a pass at a time over each set, then
-  # ResNet-50 on the photo set, three epochs, nvJPEG only and every decoder,
-  # each allocation and free traced (LAMP_NVJPEG_TRACE=1) with its time.
+  # own memory]): nvJPEG alone, a line per pass over each set (host ms a
+  # batch, allocations and their time), then ResNet-50 on the photo set,
+  # three epochs, nvJPEG only and every decoder.
   say "nvJPEG's allocations"
   N=$B/benchmarks/nvjpeg_decoder
   for set in photo hard; do
@@ -253,12 +253,10 @@ if want alloc; then
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
   for decode in gpu auto; do
-    LAMP_NVJPEG_TRACE=1 timeout 150 $R $COMMON --data $B/sets/photo --epochs 3 --warmup 5 \
+    timeout 150 $R $COMMON --data $B/sets/photo --epochs 3 --warmup 5 \
       --workers 16 --log-every 1 --decode $decode \
       --metrics "$OUT/alloc_$decode.jsonl" > "$OUT/alloc_$decode.log" 2>&1
     say "alloc $decode exit $?"
-    grep 'lamp nvjpeg' "$OUT/alloc_$decode.log" | awk '{n[$5" "$6]++; t[$5" "$6]+=$(NF-1)}
-      END {for (k in n) printf "  %s: %d calls, %.1f ms\n", k, n[k], t[k]}'
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/alloc_*.jsonl
 fi
