@@ -98,7 +98,7 @@ int NvjpegMemory::device_malloc(
 int NvjpegMemory::device_free(
     void* self,
     void* ptr,
-    size_t size,
+    size_t /*size*/,
     cudaStream_t /*stream*/) {
   auto* m = static_cast<NvjpegMemory*>(self);
   const auto t = Clock::now();
@@ -138,7 +138,7 @@ int NvjpegMemory::pinned_malloc(
 int NvjpegMemory::pinned_free(
     void* self,
     void* ptr,
-    size_t size,
+    size_t /*size*/,
     cudaStream_t stream) {
   auto* m = static_cast<NvjpegMemory*>(self);
   if (ptr == nullptr) {
