@@ -93,8 +93,8 @@ def texture(rng, h, w):
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
-def photo(rng, area_scale):
-    w, h = photo_size(rng, area_scale)
+def photo(rng, area_scale, size=None):
+    w, h = size or photo_size(rng, area_scale)
     img = texture(rng, h, w)
     save = {"quality": int(rng.integers(75, 96)),
             "subsampling": int(rng.choice([2] * 16 + [0] * 2 + [1] * 2))}
@@ -106,12 +106,12 @@ def photo(rng, area_scale):
 
 
 def one(args):
-    path, seed, profile, special = args
+    path, seed, profile, special, size = args
     rng = np.random.default_rng(seed)
     if profile == "smooth":
         img, save = smooth(rng)
     else:
-        img, save = photo(rng, 2.0 if profile == "hard" else 1.0)
+        img, save = photo(rng, 2.0 if profile == "hard" else 1.0, size)
     kind = "jpeg"
     if special == "cmyk":
         img, kind = img.convert("RGB").convert("CMYK"), "cmyk"
@@ -135,7 +135,12 @@ def main():
     p.add_argument("--classes", type=int, default=100)
     p.add_argument("--per-class", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--one-size", metavar="WxH",
+                   help="every photo this size (one frame geometry for the "
+                   "whole set: what a decoder does the first time it meets "
+                   "a size, measured apart)")
     a = p.parse_args()
+    size = tuple(int(v) for v in a.one_size.split("x")) if a.one_size else None
     total = a.classes * a.per_class
     # A few files of the kinds ImageNet has a handful of (22 CMYK JPEGs and
     # one PNG among 1.28 M): here at least 2 of each, spread over classes.
@@ -153,7 +158,7 @@ def main():
             k = c * a.per_class + i
             jobs.append((os.path.join(d, f"img_{i:05d}.JPEG"),
                          a.seed * 1000003 + c * 100003 + i, a.profile,
-                         specials.get(k)))
+                         specials.get(k), size))
     with ProcessPoolExecutor() as pool:
         results = list(pool.map(one, jobs, chunksize=16))
     pixels = np.array([r[0] for r in results], dtype=np.float64)

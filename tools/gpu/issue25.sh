@@ -7,8 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, now and alloc): any of build tests
-# sets loader probe roi e2e epochs dct prio now alloc, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc and firstpass): any of
+# build tests sets loader probe roi e2e epochs dct prio now alloc firstpass, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -259,5 +259,21 @@ if want alloc; then
     say "alloc $decode exit $?"
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/alloc_*.jsonl
+fi
+if want firstpass; then
+  # Why nvJPEG's first pass over a set is slower than the next ones, alone
+  # and with the files in memory: a set of one frame size (500x375, the
+  # photo profile's textures and encodings) against the photo set (sizes
+  # from thumbnails to camera originals). The same first-pass cost on both:
+  # something per batch or per byte; only on the photo set: per geometry.
+  say "nvJPEG's first pass"
+  [ -d $B/sets/onesize ] || python3 benchmarks/make_jpegs.py $B/sets/onesize/train \
+    --classes 100 --per-class 40 --one-size 500x375 > "$OUT/onesize.log" 2>&1
+  N=$B/benchmarks/nvjpeg_decoder
+  for set in onesize photo onesize photo; do
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 48 \
+      --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
+      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
+  done
 fi
 say "done"
