@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "decode_split.h"
 #include "image_decoder_detail.h"
@@ -244,7 +245,16 @@ void BatchStage::record_thread(bool decoded, double seconds) {
 
 void BatchStage::wait_until_released(const SlotRows& slot) const {
   if (slot.released && slot.released->was_marked_for_recording()) {
-    slot.released->synchronize();
+    // NOTE: polled, not cudaEventSynchronize: with one CUDA context per
+    // process CUDA spins in a host wait, and up to num_threads decode
+    // threads reach a slot that the stage has just handed back together;
+    // spinning, they would hold the cores that the stage threads (nvJPEG's
+    // host work) and the training thread need. The copies take a few
+    // hundred microseconds to a few milliseconds. See Note [ImageLoader
+    // threads and streams].
+    while (!slot.released->query()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
@@ -386,6 +396,12 @@ Staged BatchStage::Impl::run_cuda(
     const auto index = torch::tensor(source, torch::kLong);
     targets = slot.targets.narrow(0, 0, rows).index_select(0, index).to(device);
   }
+  // The slot's host rows and targets are free once the copies above have
+  // run (the kernel below reads their device copies).
+  if (!slot.released) {
+    slot.released.emplace(c10::DeviceType::CUDA);
+  }
+  slot.released->record(stream);
   const int64_t n = static_cast<int64_t>(source.size());
   std::vector<RowSource> sources(n);
   for (int64_t o = 0; o < n; ++o) {
@@ -409,12 +425,7 @@ Staged BatchStage::Impl::run_cuda(
       format());
   Normalization normalization{options.mean(), options.std()};
   write_rows(recipe, sources, &normalization, images);
-  // The slot's host rows and targets are free once the copies above have
-  // run; the batch is ready once everything has.
-  if (!slot.released) {
-    slot.released.emplace(c10::DeviceType::CUDA);
-  }
-  slot.released->record(stream);
+  // The batch is ready once everything above has run.
   out.done.emplace(c10::DeviceType::CUDA);
   out.done->record(stream);
   out.batch.images = images;

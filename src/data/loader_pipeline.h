@@ -47,7 +47,8 @@ namespace lamp::data {
 //   with ImageDecode::kGpu, a measured share with kAuto). They touch only
 //   their row while working, so they hold the mutex only to take a row and
 //   to report it done. Before writing a row they wait for the slot's
-//   `released` event: the stage's copies out of the slot's last batch.
+//   `released` event: the stage's copies out of the slot's last batch
+//   (polling it, so that a waiting thread does not hold a core).
 // * Stage threads (stage_threads; stage thread k takes the batches b with
 //   b % stage_threads == k) each turn a complete slot into a batch
 //   (BatchStage::run, lane k): on CUDA it decodes the GPU's rows with
