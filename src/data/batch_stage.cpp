@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -93,6 +94,26 @@ struct BatchStage::Impl {
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
   std::vector<Lane> lanes; // one per stage thread
+
+  // Where an image goes (BatchStage::prepare).
+  bool to_gpu(double ratio, double share, int64_t index) {
+    if (!split) {
+      return share > 0; // ImageDecode::kGpu: all
+    }
+    // TEMPORARY (an A/B switch, to be removed): LAMP_LOADER_ROUTE=0 draws
+    // the images for the GPU at random (a hash of the dataset index), as
+    // the rows past gpu_rows were before.
+    static const bool route = [] {
+      const char* v = std::getenv("LAMP_LOADER_ROUTE");
+      return !(v != nullptr && v[0] == '0');
+    }();
+    if (!route) {
+      const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
+      return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
+    }
+    std::lock_guard<std::mutex> lock(split_mutex);
+    return split->to_gpu(ratio, share);
+  }
 
   torch::MemoryFormat format() const {
     return options.channels_last() ? torch::MemoryFormat::ChannelsLast
@@ -215,7 +236,8 @@ bool BatchStage::prepare(
     const std::string& path,
     const Recipe& recipe,
     int64_t epoch,
-    int64_t index) const {
+    int64_t index,
+    double gpu_share) const {
 #if LAMP_DATA_NVJPEG
   ImageHeader header;
   // NOTE: anything but a JPEG whose header and markers nvJPEG takes goes to
@@ -227,11 +249,24 @@ bool BatchStage::prepare(
     return false;
   }
   row.placement = place(recipe, epoch, index, header.height, header.width);
+  // Partial decoding stops after the crop's last row.
+  const CropBox& box = row.placement.box;
+  const double rows_fraction = recipe.train && recipe.partial_decode
+      ? static_cast<double>(box.top + box.height) /
+          static_cast<double>(std::max<int64_t>(header.height, 1))
+      : 1.0;
+  if (!impl_->to_gpu(
+          cpu_gpu_cost_ratio(static_cast<int64_t>(bytes.size()), rows_fraction),
+          gpu_share,
+          index)) {
+    return false;
+  }
   row.path = path;
   row.bytes = std::move(bytes);
   return true;
 #else
-  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index;
+  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index,
+      (void)gpu_share;
   return false;
 #endif
 }
@@ -252,6 +287,16 @@ void BatchStage::wait_until_released(const SlotRows& slot) const {
     // host work) and the training thread need. The copies take a few
     // hundred microseconds to a few milliseconds. See Note [ImageLoader
     // threads and streams].
+    // TEMPORARY (an A/B switch, to be removed): LAMP_RELEASE_SPIN=1 waits
+    // in cudaEventSynchronize as before.
+    static const bool spin = [] {
+      const char* v = std::getenv("LAMP_RELEASE_SPIN");
+      return v != nullptr && v[0] == '1';
+    }();
+    if (spin) {
+      slot.released->synchronize();
+      return;
+    }
     while (!slot.released->query()) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

@@ -70,17 +70,21 @@ class BatchStage {
   // Called under the loader's mutex.
   int64_t gpu_rows(int64_t rows) const;
 
-  // Decode thread, for a row meant for the GPU: reads the header, draws the
-  // row's crop into `row` and moves the bytes there; false (bytes left
-  // alone) when nvJPEG cannot decode the file (a PNG, a CMYK JPEG, a
-  // damaged file...): decode it on the CPU.
+  // Decode thread, for a row of a batch whose GPU share is `gpu_share`
+  // (gpu_rows / rows, > 0): reads the header, draws the row's crop and
+  // decides where the image is decoded (DecodeSplit::to_gpu: the CPU keeps
+  // the images cheapest for it). For the GPU: the crop goes into `row`, the
+  // bytes are moved there, true. False (bytes left alone) for the CPU, also
+  // when nvJPEG cannot decode the file (a PNG, a CMYK JPEG, a damaged
+  // file...).
   bool prepare(
       EncodedRow& row,
       std::vector<uint8_t>& bytes,
       const std::string& path,
       const Recipe& recipe,
       int64_t epoch,
-      int64_t index) const;
+      int64_t index,
+      double gpu_share) const;
 
   // Decode thread: a measurement for kAuto's split (under the mutex).
   void record_thread(bool decoded, double seconds);

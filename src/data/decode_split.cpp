@@ -10,6 +10,13 @@ namespace {
 // thread's cost is averaged over ~100 images, the stage's over ~5 batches.
 constexpr double kImageWeight = 0.01;
 constexpr double kBatchWeight = 0.2;
+// How far one decision moves DecodeSplit::to_gpu's threshold (ratios lie in
+// [0, 1)): a few batches to follow a new share, and the images' share off
+// the target by a few percent at most.
+constexpr double kThresholdStep = 0.005;
+// The GPU's fixed cost of an image, in bytes of file (see
+// cpu_gpu_cost_ratio).
+constexpr double kGpuFixedBytes = 150e3;
 
 void update(double& average, double value, double weight) {
   average = average < 0 ? value : average + weight * (value - average);
@@ -45,6 +52,30 @@ void DecodeSplit::record_stage(int64_t gpu_images, double seconds) {
   if (gpu_images > 0) {
     update(gpu_, seconds / static_cast<double>(gpu_images), kBatchWeight);
   }
+}
+
+bool DecodeSplit::to_gpu(double ratio, double share) {
+  if (share >= 1) {
+    return true;
+  }
+  if (share <= 0) {
+    return false;
+  }
+  const bool gpu = ratio > threshold_;
+  // NOTE: stochastic quantile tracking: while more than `share` of the
+  // images go to the GPU the threshold rises, while fewer go it falls; it
+  // rests where a `share` of the ratios lie above it. Kept within the
+  // ratios' range, so that it never has far to come back.
+  threshold_ = std::clamp(
+      threshold_ + kThresholdStep * ((gpu ? 1.0 : 0.0) - share),
+      -kThresholdStep,
+      1 + kThresholdStep);
+  return gpu;
+}
+
+double cpu_gpu_cost_ratio(int64_t file_bytes, double rows_fraction) {
+  const double bytes = static_cast<double>(std::max<int64_t>(file_bytes, 0));
+  return std::clamp(rows_fraction, 0.0, 1.0) * bytes / (bytes + kGpuFixedBytes);
 }
 
 } // namespace lamp::data::detail

@@ -66,7 +66,10 @@ void ImageLoader::Impl::assign(
       std::min<int64_t>(bs, static_cast<int64_t>(slot.order->size()) - first);
   slot.next_row = 0;
   slot.pending = slot.rows;
-  slot.gpu_first = slot.rows - stage->gpu_rows(slot.rows);
+  slot.gpu_share = slot.rows > 0
+      ? static_cast<double>(stage->gpu_rows(slot.rows)) /
+          static_cast<double>(slot.rows)
+      : 0.0;
   slot.error = nullptr;
 }
 
@@ -85,9 +88,15 @@ bool ImageLoader::Impl::decode_row(
   // NOTE: an I/O error throws: only images that cannot be decoded are
   // skipped.
   auto bytes = read_file(sample.path);
-  if (row >= slot.gpu_first &&
+  if (slot.gpu_share > 0 &&
       stage->prepare(
-          data.encoded[row], bytes, sample.path, recipe, slot.epoch, index)) {
+          data.encoded[row],
+          bytes,
+          sample.path,
+          recipe,
+          slot.epoch,
+          index,
+          slot.gpu_share)) {
     data.state[row] = RowState::kEncoded;
     return false;
   }

@@ -7,8 +7,9 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc and firstpass): any of
-# build tests sets loader probe roi e2e epochs dct prio now alloc firstpass, comma-separated.
+# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc, firstpass and route): any
+# of build tests sets loader probe roi e2e epochs dct prio now alloc firstpass route,
+# comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -275,5 +276,36 @@ if want firstpass; then
       --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
       sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
   done
+fi
+if want route; then
+  # Branch loader-route-by-cost, A/B in one call (temporary switches):
+  # LAMP_RELEASE_SPIN=1 (decode threads spin in cudaEventSynchronize for a
+  # slot's release, as before) and LAMP_LOADER_ROUTE=0 (the GPU's images
+  # drawn at random, as before, instead of the CPU keeping the images
+  # cheapest for it). The loader alone on both sets, then ResNet-50 three
+  # epochs on each set, every step timed.
+  say "release polling and cost routing A/B"
+  for set in hard photo; do
+    for ab in "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "LAMP_LOADER_ROUTE=0" \
+        "LAMP_RELEASE_SPIN=1" "X=1" "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1"; do
+      env $ab timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 --decode auto \
+        2>> "$OUT/route.err" | sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" |
+        tee -a "$OUT/route.jsonl"
+    done
+  done
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+    --metrics "$OUT/route_synthetic.jsonl" > "$OUT/route_synthetic.log" 2>&1
+  for set in hard photo; do
+    for ab in before after; do
+      vars="X=1"
+      [ $ab = before ] && vars="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
+      env $vars timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 --workers 16 \
+        --log-every 1 --metrics "$OUT/route_${set}_$ab.jsonl" > "$OUT/route_${set}_$ab.log" 2>&1
+      say "route $set $ab exit $?"
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/route_*.jsonl
 fi
 say "done"
