@@ -10,10 +10,6 @@ namespace {
 // thread's cost is averaged over ~100 images, the stage's over ~5 batches.
 constexpr double kImageWeight = 0.01;
 constexpr double kBatchWeight = 0.2;
-// How far one decision moves DecodeSplit::to_gpu's threshold (ratios lie in
-// [0, 1)): a few batches to follow a new share, and the images' share off
-// the target by a few percent at most.
-constexpr double kThresholdStep = 0.005;
 // The GPU's fixed cost of an image, in bytes of file (see
 // cpu_gpu_cost_ratio).
 constexpr double kGpuFixedBytes = 150e3;
@@ -61,16 +57,22 @@ bool DecodeSplit::to_gpu(double ratio, double share) {
   if (share <= 0) {
     return false;
   }
-  const bool gpu = ratio > threshold_;
-  // NOTE: stochastic quantile tracking: while more than `share` of the
-  // images go to the GPU the threshold rises, while fewer go it falls; it
-  // rests where a `share` of the ratios lie above it. Kept within the
-  // ratios' range, so that it never has far to come back.
-  threshold_ = std::clamp(
-      threshold_ + kThresholdStep * ((gpu ? 1.0 : 0.0) - share),
-      -kThresholdStep,
-      1 + kThresholdStep);
-  return gpu;
+  window_[seen_ % kWindow] = ratio;
+  ++seen_;
+  const int n = static_cast<int>(std::min<int64_t>(seen_, kWindow));
+  int above = 0;
+  int equal = 0; // itself included
+  for (int i = 0; i < n; ++i) {
+    above += window_[i] > ratio ? 1 : 0;
+    equal += window_[i] == ratio ? 1 : 0;
+  }
+  // NOTE: ties (images of one size and crop have equal ratios) take a
+  // place among the equal ones from a low-discrepancy sequence (the
+  // golden ratio's multiples), so that a `share` of them go to the GPU
+  // however many are equal, spread evenly over the decisions.
+  const double draw = std::fmod(static_cast<double>(seen_) * 0.6180339887498949, 1.0);
+  const double rank = (above + draw * equal) / n; // of the window, from the top
+  return rank < share;
 }
 
 double cpu_gpu_cost_ratio(int64_t file_bytes, double rows_fraction) {

@@ -41,10 +41,12 @@ class LAMP_API DecodeSplit {
   // Whether an image whose CPU cost is `ratio` times its GPU cost
   // (cpu_gpu_cost_ratio) goes to the GPU, for a batch whose GPU share is
   // to be `share` (gpu_rows / rows): the GPU gets the images with the
-  // highest ratios, the decode threads keep those cheapest for them. The
-  // threshold follows the (1 - share) quantile of the ratios seen (each
-  // decision moves it a step), so that a `share` of the images go to the
-  // GPU while the share and the images change. share >= 1: all; <= 0: none.
+  // highest ratios, the decode threads keep those cheapest for them. An
+  // image goes to the GPU when fewer than a `share` of the last kWindow
+  // ratios (its own included) rank above it, equal ratios ranked by a
+  // stratified draw, so that a `share` of the images go to the GPU from
+  // the first image on, whatever the ratios' scale and however many are
+  // equal. share >= 1: all; <= 0: none.
   bool to_gpu(double ratio, double share);
 
  private:
@@ -53,7 +55,10 @@ class LAMP_API DecodeSplit {
   double cpu_ = -1; // seconds per image; < 0: not measured yet
   double read_ = -1;
   double gpu_ = -1;
-  double threshold_ = 0.5; // ratios above it go to the GPU
+  // The last kWindow ratios to_gpu saw, a ring; `seen_` counts them all.
+  static constexpr int kWindow = 256;
+  double window_[kWindow] = {};
+  int64_t seen_ = 0;
 };
 
 // An image's cost to decode on the CPU over its cost on the GPU, up to a

@@ -148,7 +148,7 @@ Routed route(DecodeSplit& split, double share, int n, uint32_t& state) {
 TEST(DecodeSplit, TheGpuGetsItsShareOfTheCostliestImages) {
   DecodeSplit split(kThreads, kStages);
   uint32_t state = 1;
-  route(split, 0.4, 4096, state); // settles
+  route(split, 0.4, 256, state); // fills the window
   const Routed r = route(split, 0.4, 16384, state);
   EXPECT_NEAR(r.gpu_share, 0.4, 0.02);
   // The GPU's images are the top 40 % of the ratios: mean ~0.8 (uniform on
@@ -162,8 +162,31 @@ TEST(DecodeSplit, RoutingFollowsAChangingShare) {
   uint32_t state = 7;
   route(split, 0.2, 4096, state);
   EXPECT_NEAR(route(split, 0.2, 8192, state).gpu_share, 0.2, 0.02);
-  route(split, 0.7, 2048, state); // a few batches to move
+  route(split, 0.7, 16, state); // the window is full: at once
   EXPECT_NEAR(route(split, 0.7, 8192, state).gpu_share, 0.7, 0.02);
+}
+
+TEST(DecodeSplit, EqualRatiosGoToTheGpuAtItsShare) {
+  // Images of one size and crop: every ratio the same.
+  DecodeSplit split(kThreads, kStages);
+  for (const double share : {0.25, 0.5, 0.8}) {
+    int gpu = 0;
+    for (int i = 0; i < 1000; ++i) {
+      gpu += split.to_gpu(0.02, share) ? 1 : 0;
+    }
+    EXPECT_NEAR(gpu / 1000.0, share, 0.01) << share;
+  }
+}
+
+TEST(DecodeSplit, RoutingStartsWithTheFirstImages) {
+  // Small files (ratios near 0) from the first decision on: no settling.
+  DecodeSplit split(kThreads, kStages);
+  int gpu = 0;
+  for (int i = 0; i < 32; ++i) {
+    gpu += split.to_gpu(0.01 + 0.001 * (i % 5), 0.5) ? 1 : 0;
+  }
+  EXPECT_GE(gpu, 12);
+  EXPECT_LE(gpu, 20);
 }
 
 TEST(DecodeSplit, AllOrNoneAtTheEnds) {

@@ -286,10 +286,12 @@ if want route; then
   # epochs on each set, every step timed.
   say "release polling and cost routing A/B"
   for set in hard photo; do
-    for ab in "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "LAMP_LOADER_ROUTE=0" \
-        "LAMP_RELEASE_SPIN=1" "X=1" "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1"; do
-      env $ab timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 --decode auto \
-        2>> "$OUT/route.err" | sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" |
+    for ab in "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3" \
+        "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3"; do
+      vars=${ab%% --*}
+      args=; [[ "$ab" == *--* ]] && args="--${ab#* --}"
+      env $vars timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 --decode auto \
+        $args 2>> "$OUT/route.err" | sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" |
         tee -a "$OUT/route.jsonl"
     done
   done
@@ -298,11 +300,12 @@ if want route; then
   timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
     --metrics "$OUT/route_synthetic.jsonl" > "$OUT/route_synthetic.log" 2>&1
   for set in hard photo; do
-    for ab in before after; do
-      vars="X=1"
+    for ab in before after stage3; do
+      vars="X=1" args=
       [ $ab = before ] && vars="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
+      [ $ab = stage3 ] && args="--stage-threads 3"
       env $vars timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 --workers 16 \
-        --log-every 1 --metrics "$OUT/route_${set}_$ab.jsonl" > "$OUT/route_${set}_$ab.log" 2>&1
+        $args --log-every 1 --metrics "$OUT/route_${set}_$ab.jsonl" > "$OUT/route_${set}_$ab.log" 2>&1
       say "route $set $ab exit $?"
     done
   done
