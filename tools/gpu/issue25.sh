@@ -287,7 +287,7 @@ if want route; then
   say "release polling and cost routing A/B"
   for set in hard photo; do
     for ab in "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3" \
-        "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3"; do
+        ${ROUTE_LOADER_TWICE:+"LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3"}; do
       vars=${ab%% --*}
       args=; [[ "$ab" == *--* ]] && args="--${ab#* --}"
       env $vars timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 --decode auto \
@@ -297,16 +297,20 @@ if want route; then
   done
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
-  timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
-    --metrics "$OUT/route_synthetic.jsonl" > "$OUT/route_synthetic.log" 2>&1
-  for set in hard photo; do
-    for ab in before after stage3; do
-      vars="X=1" args=
-      [ $ab = before ] && vars="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
-      [ $ab = stage3 ] && args="--stage-threads 3"
-      env $vars timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 --workers 16 \
-        $args --log-every 1 --metrics "$OUT/route_${set}_$ab.jsonl" > "$OUT/route_${set}_$ab.log" 2>&1
-      say "route $set $ab exit $?"
+  # ROUTE_REPS rounds (default 1), each every case once, interleaved.
+  for rep in $(seq 1 ${ROUTE_REPS:-1}); do
+    timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+      --metrics "$OUT/route_synthetic_$rep.jsonl" > "$OUT/route_synthetic_$rep.log" 2>&1
+    for set in hard photo; do
+      for ab in before after stage3; do
+        vars="X=1" args=
+        [ $ab = before ] && vars="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
+        [ $ab = stage3 ] && args="--stage-threads 3"
+        env $vars timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 --workers 16 \
+          $args --log-every 1 --metrics "$OUT/route_${set}_${ab}_$rep.jsonl" \
+          > "$OUT/route_${set}_${ab}_$rep.log" 2>&1
+        say "route $rep $set $ab exit $?"
+      done
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/route_*.jsonl
