@@ -4,6 +4,7 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -72,6 +73,26 @@ std::vector<int64_t> output_rows(
   return source;
 }
 
+// TEMPORARY (A/B switches of branch loader-route-by-cost, to be removed):
+// LAMP_PROGRESSIVE_GPU=1 sends progressive JPEGs to nvJPEG as before;
+// LAMP_LOADER_ROUTE=0 draws the GPU's images at random as before, =2 routes
+// by cost only while the training loop waits for batches (the loader is
+// behind), anything else always.
+bool progressive_to_gpu() {
+  static const bool gpu = [] {
+    const char* v = std::getenv("LAMP_PROGRESSIVE_GPU");
+    return v != nullptr && v[0] == '1';
+  }();
+  return gpu;
+}
+int route_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("LAMP_LOADER_ROUTE");
+    return v == nullptr ? 1 : v[0] == '0' ? 0 : v[0] == '2' ? 2 : 1;
+  }();
+  return mode;
+}
+
 } // namespace
 
 // What one stage thread uses alone. See Note [ImageLoader threads and
@@ -93,6 +114,10 @@ struct BatchStage::Impl {
   torch::Tensor std;
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
+  // How often next() found its batch not ready, a running average over ~8
+  // batches: written by the consumer's thread (record_wait), read by the
+  // decode threads.
+  std::atomic<float> behind{0.0f};
   std::vector<Lane> lanes; // one per stage thread
 
   // Where an image goes (BatchStage::prepare).
@@ -100,14 +125,9 @@ struct BatchStage::Impl {
     if (!split) {
       return share > 0; // ImageDecode::kGpu: all
     }
-    // TEMPORARY (an A/B switch, to be removed): LAMP_LOADER_ROUTE=0 draws
-    // the images for the GPU at random (a hash of the dataset index), as
-    // the rows past gpu_rows were before.
-    static const bool route = [] {
-      const char* v = std::getenv("LAMP_LOADER_ROUTE");
-      return !(v != nullptr && v[0] == '0');
-    }();
-    if (!route) {
+    const int mode = route_mode();
+    if (mode == 0 ||
+        (mode == 2 && behind.load(std::memory_order_relaxed) < 0.25f)) {
       const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
       return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
     }
@@ -244,8 +264,19 @@ bool BatchStage::prepare(
   // the CPU, damaged JPEGs too: libjpeg decodes some of those (as Pillow
   // does) and otherwise says what is wrong.
   if (!read_image_header(bytes.data(), bytes.size(), path, &header).empty() ||
-      header.format != ImageFormat::kJpeg ||
-      !nvjpeg_supports(read_jpeg_layout(bytes.data(), bytes.size()))) {
+      header.format != ImageFormat::kJpeg) {
+    return false;
+  }
+  const JpegLayout layout = read_jpeg_layout(bytes.data(), bytes.size());
+  if (!nvjpeg_supports(layout)) {
+    return false;
+  }
+  // NOTE: nvJPEG's engines take only sequential JPEGs; its CUDA backend
+  // decodes a progressive one with the Huffman decoding on the calling
+  // thread, the stage thread, one image after another while the batch
+  // waits (a 400 kpx progressive JPEG costs libjpeg-turbo 2.7x a baseline
+  // one). With kAuto the decode threads, side by side, take them.
+  if (impl_->split && layout.frame_type == 2 && !progressive_to_gpu()) {
     return false;
   }
   row.placement = place(recipe, epoch, index, header.height, header.width);
@@ -269,6 +300,12 @@ bool BatchStage::prepare(
       (void)gpu_share;
   return false;
 #endif
+}
+
+void BatchStage::record_wait(bool waited) {
+  const float b = impl_->behind.load(std::memory_order_relaxed);
+  impl_->behind.store(
+      b + 0.125f * ((waited ? 1.0f : 0.0f) - b), std::memory_order_relaxed);
 }
 
 void BatchStage::record_thread(bool decoded, double seconds) {

@@ -86,6 +86,10 @@ class BatchStage {
       int64_t index,
       double gpu_share) const;
 
+  // The consumer's thread, at each ImageLoader::next(): whether the batch
+  // was not ready yet (the loader is behind the training loop).
+  void record_wait(bool waited);
+
   // Decode thread: a measurement for kAuto's split (under the mutex).
   void record_thread(bool decoded, double seconds);
 

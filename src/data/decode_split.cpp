@@ -70,7 +70,8 @@ bool DecodeSplit::to_gpu(double ratio, double share) {
   // place among the equal ones from a low-discrepancy sequence (the
   // golden ratio's multiples), so that a `share` of them go to the GPU
   // however many are equal, spread evenly over the decisions.
-  const double draw = std::fmod(static_cast<double>(seen_) * 0.6180339887498949, 1.0);
+  const double draw =
+      std::fmod(static_cast<double>(seen_) * 0.6180339887498949, 1.0);
   const double rank = (above + draw * equal) / n; // of the window, from the top
   return rank < share;
 }

@@ -71,6 +71,7 @@ std::optional<ImageBatch> ImageLoader::next() {
   detail::ReadyBatch item;
   {
     std::unique_lock<std::mutex> lock(impl.mutex);
+    impl.stage->record_wait(impl.ready.count(impl.next_seq) == 0);
     impl.batch_ready.wait(
         lock, [&] { return impl.ready.count(impl.next_seq) != 0; });
     const auto it = impl.ready.find(impl.next_seq);

@@ -539,6 +539,42 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   }
 }
 
+TEST_F(ImageLoaderGpu, AutoLeavesProgressiveJpegsToTheDecodeThreads) {
+#if !LAMP_WITH_NVJPEG
+  GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";
+#else
+  // Every JPEG progressive (and a PNG per class): nvJPEG would decode them
+  // with its Huffman decoding on a stage thread, one after another.
+  const auto root = make_folder("data", 2, 8, 64, 9, 1);
+  ImageFolder folder(root);
+  auto options =
+      ImageLoaderOptions().batch_size(8).image_size(48).resize_size(56).device(
+          torch::kCUDA);
+  ImageLoader cpu(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kCpu));
+  ImageLoader automatic(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kAuto));
+  ImageLoader gpu(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kGpu));
+  const auto a = epoch_of(cpu, 0);
+  const auto b = epoch_of(automatic, 0);
+  const auto c = epoch_of(gpu, 0);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    // The same decoder on the same crops: the same pixels.
+    EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
+  }
+  EXPECT_EQ(automatic.gpu_decoded_images(), 0);
+  EXPECT_EQ(automatic.cpu_decoded_images(), 16);
+  // kGpu still sends them to nvJPEG (the PNGs go to the CPU).
+  EXPECT_EQ(gpu.gpu_decoded_images(), 14);
+  EXPECT_EQ(c.size(), a.size());
+#endif
+}
+
 TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {
 #if !LAMP_WITH_NVJPEG
   GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";

@@ -279,36 +279,42 @@ if want firstpass; then
 fi
 if want route; then
   # Branch loader-route-by-cost, A/B in one call (temporary switches):
-  # LAMP_RELEASE_SPIN=1 (decode threads spin in cudaEventSynchronize for a
-  # slot's release, as before) and LAMP_LOADER_ROUTE=0 (the GPU's images
-  # drawn at random, as before, instead of the CPU keeping the images
-  # cheapest for it). The loader alone on both sets, then ResNet-50 three
-  # epochs on each set, every step timed.
-  say "release polling and cost routing A/B"
+  # before  LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1:
+  #         decode threads spin in cudaEventSynchronize for a slot's release,
+  #         the GPU's images drawn at random, progressive JPEGs to nvJPEG
+  #         (its CUDA backend, Huffman on the stage thread);
+  # prog    progressive JPEGs to the decode threads, nothing else;
+  # behind  polled releases, progressive to the CPU, routing by cost (the
+  #         CPU keeps the images cheapest for it) only while the training
+  #         loop waits for batches (LAMP_LOADER_ROUTE=2);
+  # after   polled releases, progressive to the CPU, routing always;
+  # behind3 behind with a third stage thread.
+  # The loader alone on both sets, then ResNet-50 three epochs on each set,
+  # every step timed, ROUTE_REPS interleaved rounds (default 1).
+  say "loader A/B: release polling, progressive JPEGs, routing by cost"
+  declare -A VARS=(
+    [before]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1"
+    [prog]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" [behind]="LAMP_LOADER_ROUTE=2"
+    [after]="X=1" [behind3]="LAMP_LOADER_ROUTE=2")
+  declare -A ARGS=([behind3]="--stage-threads 3")
+  CASES=${ROUTE_CASES:-before prog behind after behind3}
   for set in hard photo; do
-    for ab in "LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3" \
-        ${ROUTE_LOADER_TWICE:+"LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" "X=1" "X=1 --stage-threads 3"}; do
-      vars=${ab%% --*}
-      args=; [[ "$ab" == *--* ]] && args="--${ab#* --}"
-      env $vars timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 --decode auto \
-        $args 2>> "$OUT/route.err" | sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" |
-        tee -a "$OUT/route.jsonl"
+    for ab in $CASES; do
+      env ${VARS[$ab]} timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
+        --decode auto ${ARGS[$ab]:-} 2>> "$OUT/route.err" |
+        sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" | tee -a "$OUT/route.jsonl"
     done
   done
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
-  # ROUTE_REPS rounds (default 1), each every case once, interleaved.
   for rep in $(seq 1 ${ROUTE_REPS:-1}); do
     timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
       --metrics "$OUT/route_synthetic_$rep.jsonl" > "$OUT/route_synthetic_$rep.log" 2>&1
     for set in hard photo; do
-      for ab in before after stage3; do
-        vars="X=1" args=
-        [ $ab = before ] && vars="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
-        [ $ab = stage3 ] && args="--stage-threads 3"
-        env $vars timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 --workers 16 \
-          $args --log-every 1 --metrics "$OUT/route_${set}_${ab}_$rep.jsonl" \
-          > "$OUT/route_${set}_${ab}_$rep.log" 2>&1
+      for ab in $CASES; do
+        env ${VARS[$ab]} timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 \
+          --workers 16 ${ARGS[$ab]:-} --log-every 1 \
+          --metrics "$OUT/route_${set}_${ab}_$rep.jsonl" > "$OUT/route_${set}_${ab}_$rep.log" 2>&1
         say "route $rep $set $ab exit $?"
       done
     done
