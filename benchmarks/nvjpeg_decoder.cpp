@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   std::atomic<int64_t> decoded{0};
   std::vector<double> host_seconds(decoders, 0.0);
   std::vector<double> host_cpu_seconds(decoders, 0.0);
+  std::vector<double> cuda_seconds(decoders, 0.0); // in the CUDA backend
   std::vector<int64_t> calls(decoders, 0);
   // Per timed batch: the decode() call's host time, and what nvJPEG
   // allocated (device + pinned) and how long that took, inside it.
@@ -195,6 +196,7 @@ int main(int argc, char** argv) {
         host_cpu_seconds[t] += thread_cpu_seconds() - c0;
         ++calls[t];
         hardware += decoder.hardware_decoded();
+        cuda_seconds[t] += decoder.cuda_seconds();
         decoded += static_cast<int64_t>(images.size());
       } else {
         stream.synchronize();
@@ -219,8 +221,10 @@ int main(int argc, char** argv) {
   const double s = since(start);
   double host = 0;
   double host_cpu = 0;
+  double cuda_host = 0;
   int64_t n = 0;
   for (int t = 0; t < decoders; ++t) {
+    cuda_host += cuda_seconds[t];
     host += host_seconds[t];
     host_cpu += host_cpu_seconds[t];
     n += calls[t];
@@ -248,7 +252,7 @@ int main(int argc, char** argv) {
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"roi\": %s, \"pinned\": %s, \"hardware_share\": %.3f, "
       "\"host_ms_per_batch\": %.2f, \"host_cpu_ms_per_batch\": %.2f, "
-      "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f, "
+      "\"cuda_backend_ms_per_batch\": %.2f, \"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f, "
       "\"nvjpeg_allocations\": {\"device\": %lld, \"device_frees\": %lld, "
       "\"device_mib\": %.1f, \"pinned\": %lld, \"pinned_frees\": %lld, "
       "\"pinned_mib\": %.1f, \"ms\": %.1f}}\n",
@@ -261,6 +265,7 @@ int main(int argc, char** argv) {
       static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
       n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
       n > 0 ? host_cpu / static_cast<double>(n) * 1e3 : 0.0,
+      n > 0 ? cuda_host / static_cast<double>(n) * 1e3 : 0.0,
       files.size(),
       pixels / static_cast<double>(files.size()) / 1e3,
       bytes / static_cast<double>(files.size()) / 1e3,

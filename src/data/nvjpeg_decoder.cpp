@@ -1,5 +1,7 @@
 #include "nvjpeg_decoder.h"
 
+#include <chrono>
+
 #include "nvjpeg_impl.h"
 
 #include <ATen/ops/empty.h>
@@ -242,6 +244,7 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     hardware_ids.clear();
   }
   int64_t cuda_decoded = 0;
+  const auto cuda_start = std::chrono::steady_clock::now();
   for (size_t i : cuda_ids) {
     if (attempt(i, [&] {
           d.decode_cuda(
@@ -270,6 +273,9 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
   }
   d.hardware_count = int64_t(hardware_ids.size());
   d.cuda_count = cuda_decoded;
+  d.cuda_seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - cuda_start)
+                       .count();
   return out;
 }
 
@@ -279,6 +285,10 @@ int64_t NvjpegDecoder::hardware_decoded() const {
 
 int64_t NvjpegDecoder::cuda_decoded() const {
   return impl_->cuda_count;
+}
+
+double NvjpegDecoder::cuda_seconds() const {
+  return impl_->cuda_seconds;
 }
 
 NvjpegAllocations NvjpegDecoder::allocations() const {

@@ -111,6 +111,10 @@ class LAMP_API NvjpegDecoder {
   /// and how many the CUDA backend did.
   int64_t hardware_decoded() const;
   int64_t cuda_decoded() const;
+  /// The host time (seconds) the last decode() call spent in the CUDA
+  /// backend's images, one after another on the calling thread (for
+  /// benchmarks: what progressive JPEGs and others the engines refuse cost).
+  double cuda_seconds() const;
 
   /// What nvJPEG allocated and freed for this decoder so far (its own
   /// buffers, not the outputs): counts, bytes, and the time spent in the

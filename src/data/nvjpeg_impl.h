@@ -83,6 +83,7 @@ struct NvjpegDecoder::Impl {
   cudaStream_t last_stream = nullptr;
   int64_t hardware_count = 0;
   int64_t cuda_count = 0;
+  double cuda_seconds = 0;
 
   Impl() = default;
   Impl(const Impl&) = delete;

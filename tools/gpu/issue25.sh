@@ -7,8 +7,9 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc, firstpass and route): any
-# of build tests sets loader probe roi e2e epochs dct prio now alloc firstpass route,
+# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc, firstpass, backends and
+# route): any of build tests sets loader probe roi e2e epochs dct prio now alloc firstpass
+# backends route,
 # comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
@@ -275,6 +276,18 @@ if want firstpass; then
     timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 48 \
       --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
       sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
+  done
+fi
+if want backends; then
+  # What the images nvJPEG's engines refuse (progressive JPEGs, mostly) cost
+  # the calling thread: nvjpeg_decoder's cuda_backend_ms_per_batch against
+  # its host_ms_per_batch, photo and hard sets.
+  say "nvJPEG's CUDA backend's share of the host time"
+  N=$B/benchmarks/nvjpeg_decoder
+  for set in photo hard photo hard; do
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 40 \
+      --max-files 4000 2>> "$OUT/backends.err" |
+      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/backends.jsonl"
   done
 fi
 if want route; then
