@@ -21,6 +21,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
@@ -154,6 +155,9 @@ int main(int argc, char** argv) {
   std::vector<double> batch_ms(std::max<int64_t>(batches, 0), 0.0);
   std::vector<int64_t> batch_allocations(batch_ms.size(), 0);
   std::vector<double> batch_allocation_ms(batch_ms.size(), 0.0);
+  // The CUDA caching allocator's segments (cudaMalloc calls) on the device
+  // so far, after each timed batch: the outputs are allocated there.
+  std::vector<int64_t> batch_segments(batch_ms.size(), 0);
   std::vector<lamp::data::detail::NvjpegAllocations> totals(decoders);
   std::atomic<int> ready{0};
   Clock::time_point start;
@@ -192,6 +196,9 @@ int main(int argc, char** argv) {
         batch_allocations[b] = a1.device_allocations + a1.pinned_allocations -
             a0.device_allocations - a0.pinned_allocations;
         batch_allocation_ms[b] = (a1.seconds - a0.seconds) * 1e3;
+        batch_segments[b] = c10::cuda::CUDACachingAllocator::getDeviceStats(0)
+                                .segment[0] // StatType::AGGREGATE
+                                .allocated;
         host_seconds[t] += since(t0);
         host_cpu_seconds[t] += thread_cpu_seconds() - c0;
         ++calls[t];
@@ -289,19 +296,23 @@ int main(int argc, char** argv) {
       double ms = 0;
       double alloc_ms = 0;
       int64_t allocations = 0;
+      int64_t segments = 0;
       for (const int64_t b : ids) {
+        segments = std::max(segments, batch_segments[b]);
         ms += batch_ms[b];
         alloc_ms += batch_allocation_ms[b];
         allocations += batch_allocations[b];
       }
       std::printf(
           "{\"pass\": %lld, \"batches\": %zu, \"host_ms_per_batch\": %.2f, "
-          "\"allocations\": %lld, \"allocation_ms\": %.1f}\n",
+          "\"allocations\": %lld, \"allocation_ms\": %.1f, "
+          "\"cuda_segments_so_far\": %lld}\n",
           static_cast<long long>(pass),
           ids.size(),
           ms / static_cast<double>(ids.size()),
           static_cast<long long>(allocations),
-          alloc_ms);
+          alloc_ms,
+          static_cast<long long>(segments));
     }
   }
   return 0;
