@@ -272,10 +272,14 @@ if want firstpass; then
   [ -d $B/sets/onesize ] || python3 benchmarks/make_jpegs.py $B/sets/onesize/train \
     --classes 100 --per-class 40 --one-size 500x375 > "$OUT/onesize.log" 2>&1
   N=$B/benchmarks/nvjpeg_decoder
+  # Each twice: nvJPEG's outputs in one block a batch (the default) and each
+  # on its own (LAMP_NVJPEG_ARENA=0, a temporary switch).
   for set in onesize photo onesize photo; do
-    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 48 \
-      --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
-      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
+    for arena in 1 0; do
+      LAMP_NVJPEG_ARENA=$arena timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi \
+        --batches 48 --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
+        sed "s/^{/{\"set\": \"$set\", \"arena\": $arena, /" | tee -a "$OUT/firstpass.jsonl"
+    done
   done
 fi
 if want backends; then
@@ -292,25 +296,29 @@ if want backends; then
 fi
 if want route; then
   # Branch loader-route-by-cost, A/B in one call (temporary switches):
-  # before  LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1:
-  #         decode threads spin in cudaEventSynchronize for a slot's release,
-  #         the GPU's images drawn at random, progressive JPEGs to nvJPEG
-  #         (its CUDA backend, Huffman on the stage thread);
+  # before  LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1
+  #         LAMP_NVJPEG_ARENA=0: decode threads spin in cudaEventSynchronize
+  #         for a slot's release, the GPU's images drawn at random,
+  #         progressive JPEGs to nvJPEG (its CUDA backend, Huffman on the
+  #         stage thread), each nvJPEG output allocated on its own;
   # prog    progressive JPEGs to the decode threads, nothing else;
-  # behind  polled releases, progressive to the CPU, routing by cost (the
-  #         CPU keeps the images cheapest for it) only while the training
-  #         loop waits for batches (LAMP_LOADER_ROUTE=2);
-  # after   polled releases, progressive to the CPU, routing always;
+  # arena   prog, and nvJPEG's outputs of a batch in one block of the
+  #         largest size so far;
+  # behind  arena, polled releases, routing by cost (the CPU keeps the
+  #         images cheapest for it) only while the training loop waits for
+  #         batches (LAMP_LOADER_ROUTE=2);
+  # after   arena, polled releases, routing always;
   # behind3 behind with a third stage thread.
   # The loader alone on both sets, then ResNet-50 three epochs on each set,
   # every step timed, ROUTE_REPS interleaved rounds (default 1).
   say "loader A/B: release polling, progressive JPEGs, routing by cost"
   declare -A VARS=(
-    [before]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1"
-    [prog]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" [behind]="LAMP_LOADER_ROUTE=2"
+    [before]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1 LAMP_NVJPEG_ARENA=0"
+    [prog]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_NVJPEG_ARENA=0"
+    [arena]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" [behind]="LAMP_LOADER_ROUTE=2"
     [after]="X=1" [behind3]="LAMP_LOADER_ROUTE=2")
   declare -A ARGS=([behind3]="--stage-threads 3")
-  CASES=${ROUTE_CASES:-before prog behind after behind3}
+  CASES=${ROUTE_CASES:-before prog arena behind after behind3}
   for set in hard photo; do
     for ab in $CASES; do
       env ${VARS[$ab]} timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
