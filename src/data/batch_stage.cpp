@@ -470,6 +470,21 @@ Staged BatchStage::Impl::run_cuda(
     }
     r = end;
   }
+  // The crops for the GPU's resize (Recipe::gpu_resize), in one copy.
+  torch::Tensor crops;
+  int64_t crops_end = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] == RowState::kCropped) {
+      const CropBox& box = slot.encoded[r].placement.box;
+      crops_end =
+          std::max(crops_end, slot.crop_offset[r] + box.height * box.width * 3);
+      ++out.cpu_decoded;
+    }
+  }
+  if (crops_end > 0) {
+    crops = torch::empty({crops_end}, slot.crops.options().device(device));
+    crops.copy_(slot.crops.narrow(0, 0, crops_end), /*non_blocking=*/true);
+  }
   torch::Tensor targets;
   if (out.bad_rows.empty()) {
     targets = slot.targets.narrow(0, 0, rows)
@@ -492,6 +507,12 @@ Staged BatchStage::Impl::run_cuda(
     if (slot.state[r] == RowState::kDecoded) {
       sources[o].image = pixels[r];
       sources[o].as_is = true;
+    } else if (slot.state[r] == RowState::kCropped) {
+      const Placement& p = slot.encoded[r].placement;
+      sources[o].image =
+          crops.narrow(0, slot.crop_offset[r], p.box.height * p.box.width * 3)
+              .view({p.box.height, p.box.width, 3});
+      sources[o].placement = p;
     } else {
       sources[o].image = gpu_images[r];
       sources[o].placement = slot.encoded[r].placement;

@@ -539,6 +539,34 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   }
 }
 
+TEST_F(ImageLoaderGpu, CropsResizedOnTheGpuAreCloseToCpuResizes) {
+  // LAMP_GPU_RESIZE=1 (a temporary A/B switch, read when a loader is made):
+  // the decode threads hand their JPEG crops to the GPU, which resizes them
+  // as nvJPEG's (in float, rounded), where the CPU resizes in fixed point.
+  const auto root = make_folder("data", 3, 8, 64, 10);
+  ImageFolder folder(root);
+  auto options =
+      ImageLoaderOptions().batch_size(8).image_size(48).seed(2).decode(
+          lamp::data::ImageDecode::kCpu);
+  ImageLoader cpu(folder, options);
+  ::setenv("LAMP_GPU_RESIZE", "1", 1);
+  ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
+  ::unsetenv("LAMP_GPU_RESIZE");
+  for (int64_t epoch : {0, 1}) {
+    const auto a = epoch_of(cpu, epoch);
+    const auto b = epoch_of(cuda, epoch);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      // In normalised units 1 level is 1 / 255 / 0.225.
+      const auto diff = (a[k].images - b[k].images.cpu()).abs() * 255 * 0.225;
+      EXPECT_LT(diff.mean().item<double>(), 0.5) << epoch << " " << k;
+      EXPECT_LE(diff.max().item<double>(), 2.01) << epoch << " " << k;
+      EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu()));
+    }
+  }
+  EXPECT_EQ(cuda.cpu_decoded_images(), 48); // two epochs
+}
+
 TEST_F(ImageLoaderGpu, AutoLeavesProgressiveJpegsToTheDecodeThreads) {
 #if !LAMP_WITH_NVJPEG
   GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";

@@ -304,21 +304,25 @@ if want route; then
   # prog    progressive JPEGs to the decode threads, nothing else;
   # arena   prog, and nvJPEG's outputs of a batch in one block of the
   #         largest size so far;
+  # resize  arena, and the decode threads' JPEG crops resized on the GPU
+  #         (LAMP_GPU_RESIZE=1) instead of on the CPU;
   # behind  arena, polled releases, routing by cost (the CPU keeps the
   #         images cheapest for it) only while the training loop waits for
   #         batches (LAMP_LOADER_ROUTE=2);
   # after   arena, polled releases, routing always;
-  # behind3 behind with a third stage thread.
+  # behind3 behind with a third stage thread (not in the default cases).
   # The loader alone on both sets, then ResNet-50 three epochs on each set,
   # every step timed, ROUTE_REPS interleaved rounds (default 1).
   say "loader A/B: release polling, progressive JPEGs, routing by cost"
   declare -A VARS=(
     [before]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1 LAMP_NVJPEG_ARENA=0"
     [prog]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_NVJPEG_ARENA=0"
-    [arena]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0" [behind]="LAMP_LOADER_ROUTE=2"
+    [arena]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
+    [resize]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_GPU_RESIZE=1"
+    [behind]="LAMP_LOADER_ROUTE=2"
     [after]="X=1" [behind3]="LAMP_LOADER_ROUTE=2")
   declare -A ARGS=([behind3]="--stage-threads 3")
-  CASES=${ROUTE_CASES:-before prog arena behind after behind3}
+  CASES=${ROUTE_CASES:-before prog arena resize behind after}
   for set in hard photo; do
     for ab in $CASES; do
       env ${VARS[$ab]} timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
