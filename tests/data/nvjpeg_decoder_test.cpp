@@ -257,19 +257,28 @@ class NvjpegDecoderGpu : public lamp::test::GpuTest {
     return out;
   }
 
+  // decode()'s arguments for `files`.
+  struct Inputs {
+    std::vector<const uint8_t*> data;
+    std::vector<size_t> sizes;
+    std::vector<std::string> names;
+  };
+  static Inputs inputs(const std::vector<const JpegFile*>& files) {
+    Inputs in;
+    for (const auto* f : files) {
+      in.data.push_back(f->bytes.data());
+      in.sizes.push_back(f->bytes.size());
+      in.names.push_back(f->name + ".jpg");
+    }
+    return in;
+  }
+
   static std::vector<torch::Tensor> decode(
       NvjpegDecoder& decoder,
       const std::vector<const JpegFile*>& files,
       cudaStream_t stream) {
-    std::vector<const uint8_t*> data;
-    std::vector<size_t> sizes;
-    std::vector<std::string> names;
-    for (const auto* f : files) {
-      data.push_back(f->bytes.data());
-      sizes.push_back(f->bytes.size());
-      names.push_back(f->name + ".jpg");
-    }
-    auto out = decoder.decode(data, sizes, names, stream);
+    const Inputs in = inputs(files);
+    auto out = decoder.decode(in.data, in.sizes, in.names, stream);
     EXPECT_EQ(
         decoder.hardware_decoded() + decoder.cuda_decoded(),
         int64_t(files.size()));
@@ -319,14 +328,10 @@ TEST_F(NvjpegDecoderGpu, RegionsEqualTheWholeImageCropped) {
     r.width = std::max<int64_t>((f->width - r.left) * 3 / 5, 1);
     regions.push_back(r);
   }
-  std::vector<const uint8_t*> data;
-  std::vector<size_t> sizes;
-  std::vector<std::string> names;
-  for (const auto* f : files) {
-    data.push_back(f->bytes.data());
-    sizes.push_back(f->bytes.size());
-    names.push_back(f->name + ".jpg");
-  }
+  const Inputs in = inputs(files);
+  const auto& data = in.data;
+  const auto& sizes = in.sizes;
+  const auto& names = in.names;
   for (NvjpegDecoder* decoder : {&hardware, &cuda}) {
     const auto whole = decoder->decode(data, sizes, names, stream.stream());
     const auto cropped =
@@ -410,14 +415,10 @@ TEST_F(NvjpegDecoderGpu, CropsOfRandomSizesNeedNoNewDeviceMemory) {
   const auto stream = c10::cuda::getStreamFromPool(false, 0);
   const auto files = decodable();
   NvjpegDecoder decoder(0, static_cast<int>(files.size()));
-  std::vector<const uint8_t*> data;
-  std::vector<size_t> sizes;
-  std::vector<std::string> names;
-  for (const auto* f : files) {
-    data.push_back(f->bytes.data());
-    sizes.push_back(f->bytes.size());
-    names.push_back(f->name + ".jpg");
-  }
+  const Inputs in = inputs(files);
+  const auto& data = in.data;
+  const auto& sizes = in.sizes;
+  const auto& names = in.names;
   const auto segments = [] {
     return c10::cuda::CUDACachingAllocator::getDeviceStats(0)
         .segment[0] // StatType::AGGREGATE
