@@ -186,14 +186,46 @@ inline void write_bytes(
   std::fclose(f);
 }
 
+/// The test folders this process made, removed when its tests end.
+inline std::vector<std::string>& folders_to_remove() {
+  static std::vector<std::string> folders;
+  return folders;
+}
+
+/// Removes folders_to_remove() after the last test, unless a test failed
+/// (its files are then kept to be looked at) or LAMP_KEEP_TEST_FILES=1.
+/// NOTE: the kill tests alone write ~100 MB a run, and a CI machine's disk
+/// is not ours to fill: a CI run ran out of it with every run's folders left.
+class RemoveTestFolders : public testing::Environment {
+ public:
+  void TearDown() override {
+    const char* keep = std::getenv("LAMP_KEEP_TEST_FILES");
+    if ((keep != nullptr && std::string(keep) == "1") ||
+        !testing::UnitTest::GetInstance()->Passed()) {
+      return;
+    }
+    for (const auto& dir : folders_to_remove()) {
+      EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0) << dir;
+    }
+  }
+};
+inline testing::Environment* const kRemoveTestFolders =
+    testing::AddGlobalTestEnvironment(new RemoveTestFolders);
+
+/// Has `dir` removed when this process's tests end (RemoveTestFolders).
+inline void remove_when_tests_end(const std::string& dir) {
+  folders_to_remove().push_back(dir);
+}
+
 /// A fresh, empty folder `<temp dir>/lamp_<name>_<pid>`: one per process,
-/// as ctest runs tests in parallel.
+/// as ctest runs tests in parallel; removed when the tests end.
 inline std::string fresh_dir(const std::string& name) {
   const auto dir =
       testing::TempDir() + "lamp_" + name + "_" + std::to_string(getpid());
   EXPECT_EQ(
       std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()),
       0);
+  remove_when_tests_end(dir);
   return dir;
 }
 

@@ -351,6 +351,7 @@ class DdpMultiGpu : public testing::Test {
     char dir[] = "/tmp/lamp_ddp_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     out_ = dir;
+    lamp::test::remove_when_tests_end(out_);
   }
 
   // Runs the worker on 2 ranks; returns torchrun's exit status.

@@ -586,6 +586,7 @@ TEST(DistRendezvous, TwoProcessesFromSlurmsVariables) {
   char dir[] = "/tmp/lamp_store_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string out = dir;
+  lamp::test::remove_when_tests_end(out);
   // The port: derived from the job id as lamp does (10000 + id % 50000)
   // when the free port allows, else MASTER_PORT.
   const int port = free_port();
