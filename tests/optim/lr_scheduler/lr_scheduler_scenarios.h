@@ -11,9 +11,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -390,38 +387,12 @@ inline void write_bytes(const fs::path& path, const std::vector<char>& bytes) {
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// A folder for this process's files.
+// A folder for this process's files, removed when its tests end
+// (lamp::test::fresh_dir).
 inline const fs::path& temp_dir() {
-  static const fs::path path = [] {
-    auto p = fs::temp_directory_path() /
-        ("lamp_lr_scheduler_test_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path path = lamp::test::fresh_dir("lr_scheduler_test");
   return path;
 }
-
-// Removes temp_dir() (a flat folder) after the last test. NOTE: with POSIX
-// calls: std::filesystem::remove_all resolves to the copy LibTorch exports,
-// which crashes.
-class TempDirCleanup : public testing::Environment {
- public:
-  void TearDown() override {
-    const std::string dir = temp_dir().string();
-    if (DIR* d = opendir(dir.c_str())) {
-      while (const dirent* entry = readdir(d)) {
-        const std::string name = entry->d_name;
-        if (name != "." && name != "..") {
-          unlink((dir + "/" + name).c_str());
-        }
-      }
-      closedir(d);
-    }
-    rmdir(dir.c_str());
-  }
-};
-inline testing::Environment* const kTempDirCleanup =
-    testing::AddGlobalTestEnvironment(new TempDirCleanup);
 
 inline std::string oracle_args(const std::string& mode) {
   return mode + " \"" + temp_dir().string() + "\" " + std::to_string(kSteps) +
