@@ -195,7 +195,7 @@ inline std::vector<std::string>& folders_to_remove() {
 /// Removes folders_to_remove() after the last test, unless a test failed
 /// (its files are then kept to be looked at) or LAMP_KEEP_TEST_FILES=1.
 /// NOTE: the kill tests alone write ~100 MB a run, and a CI machine's disk
-/// is not ours to fill: a CI run ran out of it with every run's folders left.
+/// is not ours to fill (a CI run ran out of it; docs/building.md, "Disk").
 class RemoveTestFolders : public testing::Environment {
  public:
   void TearDown() override {
