@@ -320,6 +320,7 @@ if want route; then
     [arena]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
     [resize]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_GPU_RESIZE=1"
     [behind]="LAMP_LOADER_ROUTE=2"
+    [resizepoll]="LAMP_LOADER_ROUTE=0 LAMP_GPU_RESIZE=1"
     [after]="X=1" [behind3]="LAMP_LOADER_ROUTE=2")
   declare -A ARGS=([behind3]="--stage-threads 3")
   CASES=${ROUTE_CASES:-before prog arena resize behind after}
