@@ -4,9 +4,7 @@
 #include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
-#include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -73,26 +71,6 @@ std::vector<int64_t> output_rows(
   return source;
 }
 
-// TEMPORARY (A/B switches of branch loader-route-by-cost, to be removed):
-// LAMP_PROGRESSIVE_GPU=1 sends progressive JPEGs to nvJPEG as before;
-// LAMP_LOADER_ROUTE=0 draws the GPU's images at random as before, =2 routes
-// by cost only while the training loop waits for batches (the loader is
-// behind), anything else always.
-bool progressive_to_gpu() {
-  static const bool gpu = [] {
-    const char* v = std::getenv("LAMP_PROGRESSIVE_GPU");
-    return v != nullptr && v[0] == '1';
-  }();
-  return gpu;
-}
-int route_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("LAMP_LOADER_ROUTE");
-    return v == nullptr ? 1 : v[0] == '0' ? 0 : v[0] == '2' ? 2 : 1;
-  }();
-  return mode;
-}
-
 } // namespace
 
 // What one stage thread uses alone. See Note [ImageLoader threads and
@@ -114,25 +92,20 @@ struct BatchStage::Impl {
   torch::Tensor std;
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
-  // How often next() found its batch not ready, a running average over ~8
-  // batches: written by the consumer's thread (record_wait), read by the
-  // decode threads.
-  std::atomic<float> behind{0.0f};
   std::vector<Lane> lanes; // one per stage thread
 
-  // Where an image goes (BatchStage::prepare).
-  bool to_gpu(double ratio, double share, int64_t index) {
-    if (!split) {
+  // Whether sample `index` goes to the GPU, for a batch whose GPU share is
+  // `share` (BatchStage::prepare).
+  bool to_gpu(double share, int64_t index) const {
+    if (!split || share >= 1) {
       return share > 0; // ImageDecode::kGpu: all
     }
-    const int mode = route_mode();
-    if (mode == 0 ||
-        (mode == 2 && behind.load(std::memory_order_relaxed) < 0.25f)) {
-      const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
-      return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
-    }
-    std::lock_guard<std::mutex> lock(split_mutex);
-    return split->to_gpu(ratio, share);
+    // NOTE: a hash of the sample's index, not the first or last rows of a
+    // batch: the GPU gets an unbiased sample of sizes. Routing the costliest
+    // images for the CPU to the GPU instead (by file size and crop height)
+    // made ResNet-50 no faster (benchmarks/README.md, 2026-12-03).
+    const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
+    return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
   }
 
   torch::MemoryFormat format() const {
@@ -276,22 +249,13 @@ bool BatchStage::prepare(
   // thread, the stage thread, one image after another while the batch
   // waits (a 400 kpx progressive JPEG costs libjpeg-turbo 2.7x a baseline
   // one). With kAuto the decode threads, side by side, take them.
-  if (impl_->split && layout.frame_type == 2 && !progressive_to_gpu()) {
+  if (impl_->split && layout.frame_type == 2) {
+    return false;
+  }
+  if (!impl_->to_gpu(gpu_share, index)) {
     return false;
   }
   row.placement = place(recipe, epoch, index, header.height, header.width);
-  // Partial decoding stops after the crop's last row.
-  const CropBox& box = row.placement.box;
-  const double rows_fraction = recipe.train && recipe.partial_decode
-      ? static_cast<double>(box.top + box.height) /
-          static_cast<double>(std::max<int64_t>(header.height, 1))
-      : 1.0;
-  if (!impl_->to_gpu(
-          cpu_gpu_cost_ratio(static_cast<int64_t>(bytes.size()), rows_fraction),
-          gpu_share,
-          index)) {
-    return false;
-  }
   row.path = path;
   row.bytes = std::move(bytes);
   return true;
@@ -300,12 +264,6 @@ bool BatchStage::prepare(
       (void)gpu_share;
   return false;
 #endif
-}
-
-void BatchStage::record_wait(bool waited) {
-  const float b = impl_->behind.load(std::memory_order_relaxed);
-  impl_->behind.store(
-      b + 0.125f * ((waited ? 1.0f : 0.0f) - b), std::memory_order_relaxed);
 }
 
 void BatchStage::record_thread(bool decoded, double seconds) {
@@ -324,16 +282,6 @@ void BatchStage::wait_until_released(const SlotRows& slot) const {
     // host work) and the training thread need. The copies take a few
     // hundred microseconds to a few milliseconds. See Note [ImageLoader
     // threads and streams].
-    // TEMPORARY (an A/B switch, to be removed): LAMP_RELEASE_SPIN=1 waits
-    // in cudaEventSynchronize as before.
-    static const bool spin = [] {
-      const char* v = std::getenv("LAMP_RELEASE_SPIN");
-      return v != nullptr && v[0] == '1';
-    }();
-    if (spin) {
-      slot.released->synchronize();
-      return;
-    }
     while (!slot.released->query()) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

@@ -75,18 +75,19 @@ class BatchStage {
   explicit BatchStage(const ImageLoaderOptions& options);
   ~BatchStage();
 
-  // How many of a batch's `rows` the decode threads leave for the GPU (the
-  // last ones): all (kGpu), a measured share (kAuto with nvJPEG) or none.
+  // How many of a batch's `rows` the decode threads leave for the GPU
+  // (prepare() picks which): all (kGpu), a measured share (kAuto with
+  // nvJPEG) or none.
   // Called under the loader's mutex.
   int64_t gpu_rows(int64_t rows) const;
 
   // Decode thread, for a row of a batch whose GPU share is `gpu_share`
-  // (gpu_rows / rows, > 0): reads the header, draws the row's crop and
-  // decides where the image is decoded (DecodeSplit::to_gpu: the CPU keeps
-  // the images cheapest for it). For the GPU: the crop goes into `row`, the
-  // bytes are moved there, true. False (bytes left alone) for the CPU, also
-  // when nvJPEG cannot decode the file (a PNG, a CMYK JPEG, a damaged
-  // file...).
+  // (gpu_rows / rows, > 0): reads the header and decides where the image
+  // is decoded (with kAuto a progressive JPEG stays on the CPU, the others
+  // go to the GPU at `gpu_share`, drawn by a hash of `index`). For the GPU:
+  // draws the row's crop into `row` and moves the bytes there, true. False
+  // (bytes left alone) for the CPU, also when nvJPEG cannot decode the file
+  // (a PNG, a CMYK JPEG, a damaged file...).
   bool prepare(
       EncodedRow& row,
       std::vector<uint8_t>& bytes,
@@ -95,10 +96,6 @@ class BatchStage {
       int64_t epoch,
       int64_t index,
       double gpu_share) const;
-
-  // The consumer's thread, at each ImageLoader::next(): whether the batch
-  // was not ready yet (the loader is behind the training loop).
-  void record_wait(bool waited);
 
   // Decode thread: a measurement for kAuto's split (under the mutex).
   void record_thread(bool decoded, double seconds);

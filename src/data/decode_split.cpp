@@ -10,9 +10,6 @@ namespace {
 // thread's cost is averaged over ~100 images, the stage's over ~5 batches.
 constexpr double kImageWeight = 0.01;
 constexpr double kBatchWeight = 0.2;
-// The GPU's fixed cost of an image, in bytes of file (see
-// cpu_gpu_cost_ratio).
-constexpr double kGpuFixedBytes = 150e3;
 
 void update(double& average, double value, double weight) {
   average = average < 0 ? value : average + weight * (value - average);
@@ -48,37 +45,6 @@ void DecodeSplit::record_stage(int64_t gpu_images, double seconds) {
   if (gpu_images > 0) {
     update(gpu_, seconds / static_cast<double>(gpu_images), kBatchWeight);
   }
-}
-
-bool DecodeSplit::to_gpu(double ratio, double share) {
-  if (share >= 1) {
-    return true;
-  }
-  if (share <= 0) {
-    return false;
-  }
-  window_[seen_ % kWindow] = ratio;
-  ++seen_;
-  const int n = static_cast<int>(std::min<int64_t>(seen_, kWindow));
-  int above = 0;
-  int equal = 0; // itself included
-  for (int i = 0; i < n; ++i) {
-    above += window_[i] > ratio ? 1 : 0;
-    equal += window_[i] == ratio ? 1 : 0;
-  }
-  // NOTE: ties (images of one size and crop have equal ratios) take a
-  // place among the equal ones from a low-discrepancy sequence (the
-  // golden ratio's multiples), so that a `share` of them go to the GPU
-  // however many are equal, spread evenly over the decisions.
-  const double draw =
-      std::fmod(static_cast<double>(seen_) * 0.6180339887498949, 1.0);
-  const double rank = (above + draw * equal) / n; // of the window, from the top
-  return rank < share;
-}
-
-double cpu_gpu_cost_ratio(int64_t file_bytes, double rows_fraction) {
-  const double bytes = static_cast<double>(std::max<int64_t>(file_bytes, 0));
-  return std::clamp(rows_fraction, 0.0, 1.0) * bytes / (bytes + kGpuFixedBytes);
 }
 
 } // namespace lamp::data::detail

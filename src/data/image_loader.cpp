@@ -6,7 +6,6 @@
 #include <lamp/data/image_folder.h>
 #include <torch/torch.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "loader_options.h"
@@ -40,13 +39,8 @@ ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
   recipe.seed = o.seed();
   recipe.partial_decode = o.partial_decode();
   recipe.dct_downscale = o.dct_downscale();
-  {
-    // TEMPORARY (an A/B switch of branch loader-route-by-cost): read at
-    // construction, so that a test can set it for one loader.
-    const char* v = std::getenv("LAMP_GPU_RESIZE");
-    recipe.gpu_resize =
-        o.device().is_cuda() && o.train() && v != nullptr && v[0] == '1';
-  }
+  recipe.gpu_resize =
+      o.gpu_resize() && o.device().is_cuda() && o.train() && o.partial_decode();
   impl_->stage = std::make_unique<detail::BatchStage>(o);
   const bool pinned = o.device().is_cuda();
   impl_->ring.resize(o.prefetch() + 1);
@@ -87,7 +81,6 @@ std::optional<ImageBatch> ImageLoader::next() {
   detail::ReadyBatch item;
   {
     std::unique_lock<std::mutex> lock(impl.mutex);
-    impl.stage->record_wait(impl.ready.count(impl.next_seq) == 0);
     impl.batch_ready.wait(
         lock, [&] { return impl.ready.count(impl.next_seq) != 0; });
     const auto it = impl.ready.find(impl.next_seq);

@@ -44,8 +44,9 @@ namespace lamp::data {
 //   resize and flip it into the slot's row (the CPU's rows), or parse its
 //   header, draw its crop and keep its bytes for the GPU (a share of the
 //   slot's rows: BatchStage::gpu_rows of them, all with ImageDecode::kGpu,
-//   a measured share with kAuto, where the CPU keeps the images cheapest
-//   for it: DecodeSplit::to_gpu). They touch only
+//   a measured share with kAuto, drawn by BatchStage::prepare). With
+//   gpu_resize the decode threads decode a JPEG's crop into the slot's
+//   `crops` and leave its resize to the GPU. They touch only
 //   their row while working, so they hold the mutex only to take a row and
 //   to report it done. Before writing a row they wait for the slot's
 //   `released` event: the stage's copies out of the slot's last batch

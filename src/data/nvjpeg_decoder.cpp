@@ -1,7 +1,5 @@
 #include "nvjpeg_decoder.h"
 
-#include <chrono>
-
 #include "nvjpeg_impl.h"
 
 #include <ATen/ops/empty.h>
@@ -13,7 +11,7 @@
 #include <nvjpeg.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -287,13 +285,6 @@ void NvjpegDecoder::Impl::allocate_outputs(
     std::vector<at::Tensor>& out) {
   const auto options =
       at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
-  // TEMPORARY (an A/B switch of branch loader-route-by-cost, to be
-  // removed): LAMP_NVJPEG_ARENA=0 allocates each output on its own, as
-  // before.
-  static const bool arena = [] {
-    const char* v = std::getenv("LAMP_NVJPEG_ARENA");
-    return !(v != nullptr && v[0] == '0');
-  }();
   // NOTE: 256-byte aligned offsets, as cudaMalloc's.
   constexpr int64_t kAlign = 256;
   std::vector<int64_t> offsets(shapes.size(), 0);
@@ -303,14 +294,10 @@ void NvjpegDecoder::Impl::allocate_outputs(
       continue;
     }
     const int64_t bytes = shapes[i].first * shapes[i].second * 3;
-    if (!arena) {
-      out[i] = at::empty({shapes[i].first, shapes[i].second, 3}, options);
-      continue;
-    }
     offsets[i] = total;
     total += (bytes + kAlign - 1) / kAlign * kAlign;
   }
-  if (!arena || total == 0) {
+  if (total == 0) {
     return;
   }
   // NOTE: one allocation a batch instead of one an image, and always of

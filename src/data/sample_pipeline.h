@@ -28,9 +28,9 @@ struct Recipe {
   // Training: decode a JPEG reduced 2, 4 or 8 times in the DCT domain when
   // its crop is at least that many times the output (as Pillow's draft()).
   bool dct_downscale = false;
-  // Training on CUDA: the decode threads hand the decoded crops of JPEGs to
-  // the GPU, which resizes them with nvJPEG's (decode_crop). TEMPORARY: set
-  // by LAMP_GPU_RESIZE=1 (an A/B of branch loader-route-by-cost).
+  // Training on CUDA (ImageLoaderOptions::gpu_resize): the decode threads
+  // hand the decoded crops of JPEGs to the GPU, which resizes them with
+  // nvJPEG's (decode_crop).
   bool gpu_resize = false;
 };
 
@@ -97,7 +97,7 @@ void check_box_inside(
     int64_t width,
     const char* who);
 
-// For the GPU's resize (LAMP_GPU_RESIZE, ImageLoader on CUDA): decodes the
+// For the GPU's resize (Recipe::gpu_resize): decodes the
 // crop of a JPEG (training with partial decoding: the region decoded is the
 // crop) into `reserve(bytes)`, uint8 [h, w, 3], and returns the crop's
 // placement in it (box {0, 0, h, w}, flip). `taken` false (nothing

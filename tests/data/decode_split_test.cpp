@@ -1,8 +1,7 @@
 // lamp::data::detail::DecodeSplit (src/data/decode_split.h): how many images
 // of a batch ImageDecode::kAuto gives the GPU, from the measured cost of each
 // path, so that the decode threads and the stage threads finish a batch
-// together, and which of its images (the CPU keeps those cheapest for it).
-// Pure arithmetic: no images, no GPU.
+// together. Pure arithmetic: no images, no GPU.
 
 #include <gtest/gtest.h>
 
@@ -116,99 +115,6 @@ TEST(DecodeSplit, CostsAreRunningAverages) {
     split.record_stage(/*gpu_images=*/128, 128 * 0.5e-3);
   }
   EXPECT_EQ(split.gpu_rows(256), before);
-}
-
-// The share of `n` decisions that went to the GPU, for ratios drawn
-// uniformly from [0, 1) (a fixed sequence), and the mean ratio of each side.
-struct Routed {
-  double gpu_share = 0;
-  double gpu_mean = 0;
-  double cpu_mean = 0;
-};
-Routed route(DecodeSplit& split, double share, int n, uint32_t& state) {
-  int gpu = 0;
-  double gpu_sum = 0;
-  double cpu_sum = 0;
-  for (int i = 0; i < n; ++i) {
-    state = state * 1664525u + 1013904223u;
-    const double ratio = static_cast<double>(state >> 8) / (1 << 24);
-    if (split.to_gpu(ratio, share)) {
-      ++gpu;
-      gpu_sum += ratio;
-    } else {
-      cpu_sum += ratio;
-    }
-  }
-  return {
-      static_cast<double>(gpu) / n,
-      gpu > 0 ? gpu_sum / gpu : 0,
-      n > gpu ? cpu_sum / (n - gpu) : 0};
-}
-
-TEST(DecodeSplit, TheGpuGetsItsShareOfTheCostliestImages) {
-  DecodeSplit split(kThreads, kStages);
-  uint32_t state = 1;
-  route(split, 0.4, 256, state); // fills the window
-  const Routed r = route(split, 0.4, 16384, state);
-  EXPECT_NEAR(r.gpu_share, 0.4, 0.02);
-  // The GPU's images are the top 40 % of the ratios: mean ~0.8 (uniform on
-  // [0.6, 1)); the CPU's the rest, mean ~0.3.
-  EXPECT_NEAR(r.gpu_mean, 0.8, 0.03);
-  EXPECT_NEAR(r.cpu_mean, 0.3, 0.03);
-}
-
-TEST(DecodeSplit, RoutingFollowsAChangingShare) {
-  DecodeSplit split(kThreads, kStages);
-  uint32_t state = 7;
-  route(split, 0.2, 4096, state);
-  EXPECT_NEAR(route(split, 0.2, 8192, state).gpu_share, 0.2, 0.02);
-  route(split, 0.7, 16, state); // the window is full: at once
-  EXPECT_NEAR(route(split, 0.7, 8192, state).gpu_share, 0.7, 0.02);
-}
-
-TEST(DecodeSplit, EqualRatiosGoToTheGpuAtItsShare) {
-  // Images of one size and crop: every ratio the same.
-  DecodeSplit split(kThreads, kStages);
-  for (const double share : {0.25, 0.5, 0.8}) {
-    int gpu = 0;
-    for (int i = 0; i < 1000; ++i) {
-      gpu += split.to_gpu(0.02, share) ? 1 : 0;
-    }
-    EXPECT_NEAR(gpu / 1000.0, share, 0.01) << share;
-  }
-}
-
-TEST(DecodeSplit, RoutingStartsWithTheFirstImages) {
-  // Small files (ratios near 0) from the first decision on: no settling.
-  DecodeSplit split(kThreads, kStages);
-  int gpu = 0;
-  for (int i = 0; i < 32; ++i) {
-    gpu += split.to_gpu(0.01 + 0.001 * (i % 5), 0.5) ? 1 : 0;
-  }
-  EXPECT_GE(gpu, 12);
-  EXPECT_LE(gpu, 20);
-}
-
-TEST(DecodeSplit, AllOrNoneAtTheEnds) {
-  DecodeSplit split(kThreads, kStages);
-  uint32_t state = 3;
-  EXPECT_EQ(route(split, 1.0, 1000, state).gpu_share, 1.0);
-  EXPECT_EQ(route(split, 0.0, 1000, state).gpu_share, 0.0);
-}
-
-TEST(DecodeSplit, CostRatioGrowsWithTheRowsAndTheFile) {
-  using lamp::data::detail::cpu_gpu_cost_ratio;
-  // Partial decoding: half the rows, half the CPU's work.
-  EXPECT_NEAR(
-      cpu_gpu_cost_ratio(200000, 0.5),
-      cpu_gpu_cost_ratio(200000, 1.0) / 2,
-      1e-12);
-  // The GPU's fixed part weighs more on a small file.
-  EXPECT_LT(cpu_gpu_cost_ratio(50000, 1.0), cpu_gpu_cost_ratio(500000, 1.0));
-  EXPECT_GT(cpu_gpu_cost_ratio(500000, 1.0), 0.7);
-  EXPECT_LT(cpu_gpu_cost_ratio(500000, 1.0), 1.0);
-  EXPECT_EQ(cpu_gpu_cost_ratio(0, 1.0), 0.0);
-  EXPECT_EQ(cpu_gpu_cost_ratio(100000, 2.0), cpu_gpu_cost_ratio(100000, 1.0));
 }
 
 } // namespace

@@ -7,9 +7,8 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc, firstpass, backends and
-# route): any of build tests sets loader probe roi e2e epochs dct prio now alloc firstpass
-# backends route,
+# STEPS (default build,tests,sets,loader,e2e): any of build tests sets
+# loader probe roi e2e epochs dct prio now alloc firstpass backends resize,
 # comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
@@ -272,14 +271,10 @@ if want firstpass; then
   [ -d $B/sets/onesize ] || python3 benchmarks/make_jpegs.py $B/sets/onesize/train \
     --classes 100 --per-class 40 --one-size 500x375 > "$OUT/onesize.log" 2>&1
   N=$B/benchmarks/nvjpeg_decoder
-  # Each twice: nvJPEG's outputs in one block a batch (the default) and each
-  # on its own (LAMP_NVJPEG_ARENA=0, a temporary switch).
   for set in onesize photo onesize photo; do
-    for arena in 1 0; do
-      LAMP_NVJPEG_ARENA=$arena timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi \
-        --batches 48 --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
-        sed "s/^{/{\"set\": \"$set\", \"arena\": $arena, /" | tee -a "$OUT/firstpass.jsonl"
-    done
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi \
+      --batches 48 --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
+      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
   done
 fi
 if want backends; then
@@ -294,57 +289,36 @@ if want backends; then
       sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/backends.jsonl"
   done
 fi
-if want route; then
-  # Branch loader-route-by-cost, A/B in one call (temporary switches):
-  # before  LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1
-  #         LAMP_NVJPEG_ARENA=0: decode threads spin in cudaEventSynchronize
-  #         for a slot's release, the GPU's images drawn at random,
-  #         progressive JPEGs to nvJPEG (its CUDA backend, Huffman on the
-  #         stage thread), each nvJPEG output allocated on its own;
-  # prog    progressive JPEGs to the decode threads, nothing else;
-  # arena   prog, and nvJPEG's outputs of a batch in one block of the
-  #         largest size so far;
-  # resize  arena, and the decode threads' JPEG crops resized on the GPU
-  #         (LAMP_GPU_RESIZE=1) instead of on the CPU;
-  # behind  arena, polled releases, routing by cost (the CPU keeps the
-  #         images cheapest for it) only while the training loop waits for
-  #         batches (LAMP_LOADER_ROUTE=2);
-  # after   arena, polled releases, routing always;
-  # behind3 behind with a third stage thread (not in the default cases).
-  # The loader alone on both sets, then ResNet-50 three epochs on each set,
-  # every step timed, ROUTE_REPS interleaved rounds (default 1).
-  say "loader A/B: release polling, progressive JPEGs, routing by cost"
-  declare -A VARS=(
-    [before]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_PROGRESSIVE_GPU=1 LAMP_NVJPEG_ARENA=0"
-    [prog]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_NVJPEG_ARENA=0"
-    [arena]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0"
-    [resize]="LAMP_RELEASE_SPIN=1 LAMP_LOADER_ROUTE=0 LAMP_GPU_RESIZE=1"
-    [behind]="LAMP_LOADER_ROUTE=2"
-    [resizepoll]="LAMP_LOADER_ROUTE=0 LAMP_GPU_RESIZE=1"
-    [after]="X=1" [behind3]="LAMP_LOADER_ROUTE=2")
-  declare -A ARGS=([behind3]="--stage-threads 3")
-  CASES=${ROUTE_CASES:-before prog arena resize behind after}
+if want resize; then
+  # The GPU's resize of the decode threads' crops (gpu_resize, the default)
+  # against the threads resizing them (--cpu-resize), A/B in one call: the
+  # loader alone on both sets, then ResNet-50 three epochs on each set,
+  # every step timed, RESIZE_REPS interleaved rounds (default 2). (The
+  # route step of branch loader-route-by-cost, 2026-12-03, measured this
+  # with the other candidates of that branch behind temporary switches.)
+  say "loader A/B: GPU resize or CPU resize"
+  declare -A ARGS=([gpu]="" [cpu]="--cpu-resize")
   for set in hard photo; do
-    for ab in $CASES; do
-      env ${VARS[$ab]} timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
-        --decode auto ${ARGS[$ab]:-} 2>> "$OUT/route.err" |
-        sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" | tee -a "$OUT/route.jsonl"
+    for ab in gpu cpu; do
+      timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
+        --decode auto ${ARGS[$ab]} 2>> "$OUT/resize.err" |
+        sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" | tee -a "$OUT/resize.jsonl"
     done
   done
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
-  for rep in $(seq 1 ${ROUTE_REPS:-1}); do
+  for rep in $(seq 1 ${RESIZE_REPS:-2}); do
     timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
-      --metrics "$OUT/route_synthetic_$rep.jsonl" > "$OUT/route_synthetic_$rep.log" 2>&1
+      --metrics "$OUT/resize_synthetic_$rep.jsonl" > "$OUT/resize_synthetic_$rep.log" 2>&1
     for set in hard photo; do
-      for ab in $CASES; do
-        env ${VARS[$ab]} timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 \
-          --workers 16 ${ARGS[$ab]:-} --log-every 1 \
-          --metrics "$OUT/route_${set}_${ab}_$rep.jsonl" > "$OUT/route_${set}_${ab}_$rep.log" 2>&1
-        say "route $rep $set $ab exit $?"
+      for ab in gpu cpu; do
+        timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 \
+          --workers 16 ${ARGS[$ab]} --log-every 1 \
+          --metrics "$OUT/resize_${set}_${ab}_$rep.jsonl" > "$OUT/resize_${set}_${ab}_$rep.log" 2>&1
+        say "resize $rep $set $ab exit $?"
       done
     done
   done
-  python3 tools/gpu/epoch_steps.py "$OUT"/route_*.jsonl
+  python3 tools/gpu/epoch_steps.py "$OUT"/resize_*.jsonl
 fi
 say "done"
