@@ -7,7 +7,7 @@
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
 //                [--no-partial-decode] [--threads 16] [--stage-threads 2]
-//                [--decode-nice 5] [--dct-downscale] [--cpu-resize]
+//                [--decode-nice 5] [--dct-downscale] [--gpu-resize]
 //                [--batch-size 256]
 //                [--batches 200]
 //
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   std::string decode = "auto";
   bool whole = false;
   bool dct_downscale = false;
-  bool cpu_resize = false;
+  bool gpu_resize = false;
   int64_t threads = 16;
   int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
@@ -121,9 +121,9 @@ int main(int argc, char** argv) {
       dct_downscale,
       "decode JPEGs whose crop is >= 2x the output reduced (Pillow's draft)");
   app.add_flag(
-      "--cpu-resize",
-      cpu_resize,
-      "the decode threads resize their crops (not the GPU: gpu_resize off)");
+      "--gpu-resize",
+      gpu_resize,
+      "the GPU resizes the decode threads' JPEG crops (gpu_resize)");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
   app.add_option("--decode-nice", decode_nice, "decode threads' nice offset")
       ->capture_default_str();
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
                                     : lamp::data::ImageDecode::kAuto)
           .partial_decode(!whole)
           .dct_downscale(dct_downscale)
-          .gpu_resize(!cpu_resize)
+          .gpu_resize(gpu_resize)
           .drop_last(true));
   int64_t epoch = 0;
   loader.set_epoch(epoch);
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
       decode.c_str(),
       whole ? "false" : "true",
       dct_downscale ? "true" : "false",
-      cpu_resize || !dev.is_cuda() ? "false" : "true",
+      gpu_resize && dev.is_cuda() ? "true" : "false",
       static_cast<long long>(threads),
       static_cast<long long>(stage_threads),
       decode_nice,

@@ -516,13 +516,10 @@ class ImageLoaderGpu : public ImageLoaderTest {
 TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   const auto root = make_folder("data", 3, 8, 64, 7);
   ImageFolder folder(root);
-  // The CPU's resize on both (gpu_resize: the next test).
-  auto options = ImageLoaderOptions()
-                     .batch_size(8)
-                     .image_size(48)
-                     .seed(1)
-                     .decode(lamp::data::ImageDecode::kCpu)
-                     .gpu_resize(false);
+  // The CPU's resize on both (the default; gpu_resize: the next test).
+  auto options =
+      ImageLoaderOptions().batch_size(8).image_size(48).seed(1).decode(
+          lamp::data::ImageDecode::kCpu);
   ImageLoader cpu(folder, options);
   ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
   const auto a = epoch_of(cpu, 0);
@@ -544,16 +541,18 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
 }
 
 TEST_F(ImageLoaderGpu, CropsResizedOnTheGpuAreCloseToCpuResizes) {
-  // gpu_resize (the default on CUDA): the decode threads hand their JPEG
-  // crops to the GPU, which resizes them as nvJPEG's (in float, rounded),
-  // where the CPU resizes in fixed point.
+  // gpu_resize: the decode threads hand their JPEG crops to the GPU, which
+  // resizes them as nvJPEG's (in float, rounded), where the CPU resizes in
+  // fixed point. On the CPU device the option does nothing.
   const auto root = make_folder("data", 3, 8, 64, 10);
   ImageFolder folder(root);
-  auto options =
-      ImageLoaderOptions().batch_size(8).image_size(48).seed(2).decode(
-          lamp::data::ImageDecode::kCpu);
-  ASSERT_TRUE(options.gpu_resize());
-  ImageLoader cpu(folder, options);
+  auto options = ImageLoaderOptions()
+                     .batch_size(8)
+                     .image_size(48)
+                     .seed(2)
+                     .decode(lamp::data::ImageDecode::kCpu)
+                     .gpu_resize(true);
+  ImageLoader cpu(folder, ImageLoaderOptions(options).gpu_resize(false));
   ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
   double largest = 0;
   for (int64_t epoch : {0, 1}) {

@@ -290,14 +290,14 @@ if want backends; then
   done
 fi
 if want resize; then
-  # The GPU's resize of the decode threads' crops (gpu_resize, the default)
-  # against the threads resizing them (--cpu-resize), A/B in one call: the
+  # The GPU's resize of the decode threads' crops (--gpu-resize) against
+  # the threads resizing them (the default), A/B in one call: the
   # loader alone on both sets, then ResNet-50 three epochs on each set,
   # every step timed, RESIZE_REPS interleaved rounds (default 2). (The
   # route step of branch loader-route-by-cost, 2026-12-03, measured this
   # with the other candidates of that branch behind temporary switches.)
   say "loader A/B: GPU resize or CPU resize"
-  declare -A ARGS=([gpu]="" [cpu]="--cpu-resize")
+  declare -A ARGS=([gpu]="--gpu-resize" [cpu]="")
   for set in hard photo; do
     for ab in gpu cpu; do
       timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \

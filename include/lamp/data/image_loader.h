@@ -136,12 +136,14 @@ struct LAMP_API ImageLoaderOptions {
   /// Training transform on CUDA (with partial_decode): the decode threads
   /// decode a JPEG's crop and the GPU resizes it, in the kernel that already
   /// resizes nvJPEG's images, instead of the threads resizing it on the CPU.
-  /// It frees the threads' cores for decoding: on an H200 host, ResNet-50
-  /// on the hard benchmark set went from +12 % to +7 % over its synthetic
-  /// step (three rounds, same runs). The pixels are then those of the GPU's
-  /// resize (in float, as for nvJPEG's images: within 2 levels of the CPU's
-  /// fixed-point resize). false resizes on the CPU. Default: true.
-  TORCH_ARG(bool, gpu_resize) = true;
+  /// The loader alone gets faster (H200 host, 16 threads: 14.7k -> 15.9k
+  /// images/s on photographs), but the resize then shares the GPU with the
+  /// training step: ResNet-50 fp16 bs256 fed by it was 0.1-0.5 ms a step
+  /// slower (benchmarks/README.md, 2026-12-03). Worth trying where the GPU
+  /// waits for the CPU. The pixels are then those of the GPU's resize (in
+  /// float, as for nvJPEG's images: within 2 levels of the CPU's fixed-point
+  /// resize). Default: false.
+  TORCH_ARG(bool, gpu_resize) = false;
   /// Skip images that cannot be decoded (a corrupt, truncated or unsupported
   /// file; counted, warned once) instead of throwing; the batch holding one
   /// is that much shorter. Reading a file (an I/O error) and everything else
