@@ -7,7 +7,7 @@
 //
 //   image_loader --data DIR [--device cuda] [--decode cpu|gpu|auto]
 //                [--no-partial-decode] [--threads 16] [--stage-threads 2]
-//                [--decode-nice 5] [--dct-downscale]
+//                [--decode-nice 5] [--dct-downscale] [--gpu-resize]
 //                [--batch-size 256]
 //                [--batches 200]
 //
@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   std::string decode = "auto";
   bool whole = false;
   bool dct_downscale = false;
+  bool gpu_resize = false;
   int64_t threads = 16;
   int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
@@ -119,6 +120,10 @@ int main(int argc, char** argv) {
       "--dct-downscale",
       dct_downscale,
       "decode JPEGs whose crop is >= 2x the output reduced (Pillow's draft)");
+  app.add_flag(
+      "--gpu-resize",
+      gpu_resize,
+      "the GPU resizes the decode threads' JPEG crops (gpu_resize)");
   app.add_option("--threads", threads, "decode threads")->capture_default_str();
   app.add_option("--decode-nice", decode_nice, "decode threads' nice offset")
       ->capture_default_str();
@@ -150,6 +155,7 @@ int main(int argc, char** argv) {
                                     : lamp::data::ImageDecode::kAuto)
           .partial_decode(!whole)
           .dct_downscale(dct_downscale)
+          .gpu_resize(gpu_resize)
           .drop_last(true));
   int64_t epoch = 0;
   loader.set_epoch(epoch);
@@ -214,13 +220,14 @@ int main(int argc, char** argv) {
   }
 #endif
   std::printf(
-      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, \"dct_downscale\": %s, "
+      "{\"impl\": \"lamp\", \"decode\": \"%s\", \"partial_decode\": %s, \"dct_downscale\": %s, \"gpu_resize\": %s, "
       "\"threads\": %lld, \"stage_threads\": %lld, \"decode_nice\": %d, \"prefetch\": %lld, \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"cores_per_1000_images_per_s\": %.2f, \"gpu_decoded_share\": %.3f, "
       "\"peak_gpu_gib\": %.3f, \"cores_by_thread\": {%s}, \"checksum\": %.4f}\n",
       decode.c_str(),
       whole ? "false" : "true",
       dct_downscale ? "true" : "false",
+      gpu_resize && dev.is_cuda() ? "true" : "false",
       static_cast<long long>(threads),
       static_cast<long long>(stage_threads),
       decode_nice,

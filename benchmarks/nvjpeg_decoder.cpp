@@ -21,6 +21,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
@@ -147,12 +148,16 @@ int main(int argc, char** argv) {
   std::atomic<int64_t> decoded{0};
   std::vector<double> host_seconds(decoders, 0.0);
   std::vector<double> host_cpu_seconds(decoders, 0.0);
+  std::vector<double> cuda_seconds(decoders, 0.0); // in the CUDA backend
   std::vector<int64_t> calls(decoders, 0);
   // Per timed batch: the decode() call's host time, and what nvJPEG
   // allocated (device + pinned) and how long that took, inside it.
   std::vector<double> batch_ms(std::max<int64_t>(batches, 0), 0.0);
   std::vector<int64_t> batch_allocations(batch_ms.size(), 0);
   std::vector<double> batch_allocation_ms(batch_ms.size(), 0.0);
+  // The CUDA caching allocator's segments (cudaMalloc calls) on the device
+  // so far, after each timed batch: the outputs are allocated there.
+  std::vector<int64_t> batch_segments(batch_ms.size(), 0);
   std::vector<lamp::data::detail::NvjpegAllocations> totals(decoders);
   std::atomic<int> ready{0};
   Clock::time_point start;
@@ -191,10 +196,14 @@ int main(int argc, char** argv) {
         batch_allocations[b] = a1.device_allocations + a1.pinned_allocations -
             a0.device_allocations - a0.pinned_allocations;
         batch_allocation_ms[b] = (a1.seconds - a0.seconds) * 1e3;
+        batch_segments[b] = c10::cuda::CUDACachingAllocator::getDeviceStats(0)
+                                .segment[0] // StatType::AGGREGATE
+                                .allocated;
         host_seconds[t] += since(t0);
         host_cpu_seconds[t] += thread_cpu_seconds() - c0;
         ++calls[t];
         hardware += decoder.hardware_decoded();
+        cuda_seconds[t] += decoder.cuda_seconds();
         decoded += static_cast<int64_t>(images.size());
       } else {
         stream.synchronize();
@@ -219,8 +228,10 @@ int main(int argc, char** argv) {
   const double s = since(start);
   double host = 0;
   double host_cpu = 0;
+  double cuda_host = 0;
   int64_t n = 0;
   for (int t = 0; t < decoders; ++t) {
+    cuda_host += cuda_seconds[t];
     host += host_seconds[t];
     host_cpu += host_cpu_seconds[t];
     n += calls[t];
@@ -248,7 +259,7 @@ int main(int argc, char** argv) {
       "\"%s\", \"batch_size\": %lld, \"images_per_s\": %.1f, "
       "\"roi\": %s, \"pinned\": %s, \"hardware_share\": %.3f, "
       "\"host_ms_per_batch\": %.2f, \"host_cpu_ms_per_batch\": %.2f, "
-      "\"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f, "
+      "\"cuda_backend_ms_per_batch\": %.2f, \"files\": %zu, \"mean_kpx\": %.0f, \"mean_kb\": %.1f, "
       "\"nvjpeg_allocations\": {\"device\": %lld, \"device_frees\": %lld, "
       "\"device_mib\": %.1f, \"pinned\": %lld, \"pinned_frees\": %lld, "
       "\"pinned_mib\": %.1f, \"ms\": %.1f}}\n",
@@ -261,6 +272,7 @@ int main(int argc, char** argv) {
       static_cast<double>(hardware) / std::max<int64_t>(1, decoded),
       n > 0 ? host / static_cast<double>(n) * 1e3 : 0.0,
       n > 0 ? host_cpu / static_cast<double>(n) * 1e3 : 0.0,
+      n > 0 ? cuda_host / static_cast<double>(n) * 1e3 : 0.0,
       files.size(),
       pixels / static_cast<double>(files.size()) / 1e3,
       bytes / static_cast<double>(files.size()) / 1e3,
@@ -284,19 +296,23 @@ int main(int argc, char** argv) {
       double ms = 0;
       double alloc_ms = 0;
       int64_t allocations = 0;
+      int64_t segments = 0;
       for (const int64_t b : ids) {
+        segments = std::max(segments, batch_segments[b]);
         ms += batch_ms[b];
         alloc_ms += batch_allocation_ms[b];
         allocations += batch_allocations[b];
       }
       std::printf(
           "{\"pass\": %lld, \"batches\": %zu, \"host_ms_per_batch\": %.2f, "
-          "\"allocations\": %lld, \"allocation_ms\": %.1f}\n",
+          "\"allocations\": %lld, \"allocation_ms\": %.1f, "
+          "\"cuda_segments_so_far\": %lld}\n",
           static_cast<long long>(pass),
           ids.size(),
           ms / static_cast<double>(ids.size()),
           static_cast<long long>(allocations),
-          alloc_ms);
+          alloc_ms,
+          static_cast<long long>(segments));
     }
   }
   return 0;

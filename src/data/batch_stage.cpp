@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "decode_split.h"
 #include "image_decoder_detail.h"
@@ -92,6 +93,20 @@ struct BatchStage::Impl {
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
   std::vector<Lane> lanes; // one per stage thread
+
+  // Whether sample `index` goes to the GPU, for a batch whose GPU share is
+  // `share` (BatchStage::prepare).
+  bool to_gpu(double share, int64_t index) const {
+    if (!split || share >= 1) {
+      return share > 0; // ImageDecode::kGpu: all
+    }
+    // NOTE: a hash of the sample's index, not the first or last rows of a
+    // batch: the GPU gets an unbiased sample of sizes. Routing the costliest
+    // images for the CPU to the GPU instead (by file size and crop height)
+    // made ResNet-50 no faster (benchmarks/README.md, 2026-12-03).
+    const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
+    return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
+  }
 
   torch::MemoryFormat format() const {
     return options.channels_last() ? torch::MemoryFormat::ChannelsLast
@@ -214,15 +229,30 @@ bool BatchStage::prepare(
     const std::string& path,
     const Recipe& recipe,
     int64_t epoch,
-    int64_t index) const {
+    int64_t index,
+    double gpu_share) const {
 #if LAMP_DATA_NVJPEG
   ImageHeader header;
   // NOTE: anything but a JPEG whose header and markers nvJPEG takes goes to
   // the CPU, damaged JPEGs too: libjpeg decodes some of those (as Pillow
   // does) and otherwise says what is wrong.
   if (!read_image_header(bytes.data(), bytes.size(), path, &header).empty() ||
-      header.format != ImageFormat::kJpeg ||
-      !nvjpeg_supports(read_jpeg_layout(bytes.data(), bytes.size()))) {
+      header.format != ImageFormat::kJpeg) {
+    return false;
+  }
+  const JpegLayout layout = read_jpeg_layout(bytes.data(), bytes.size());
+  if (!nvjpeg_supports(layout)) {
+    return false;
+  }
+  // NOTE: nvJPEG's engines take only sequential JPEGs; its CUDA backend
+  // decodes a progressive one with the Huffman decoding on the calling
+  // thread, the stage thread, one image after another while the batch
+  // waits (a 400 kpx progressive JPEG costs libjpeg-turbo 2.7x a baseline
+  // one). With kAuto the decode threads, side by side, take them.
+  if (impl_->split && layout.frame_type == 2) {
+    return false;
+  }
+  if (!impl_->to_gpu(gpu_share, index)) {
     return false;
   }
   row.placement = place(recipe, epoch, index, header.height, header.width);
@@ -230,7 +260,8 @@ bool BatchStage::prepare(
   row.bytes = std::move(bytes);
   return true;
 #else
-  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index;
+  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index,
+      (void)gpu_share;
   return false;
 #endif
 }
@@ -244,7 +275,16 @@ void BatchStage::record_thread(bool decoded, double seconds) {
 
 void BatchStage::wait_until_released(const SlotRows& slot) const {
   if (slot.released && slot.released->was_marked_for_recording()) {
-    slot.released->synchronize();
+    // NOTE: polled, not cudaEventSynchronize: with one CUDA context per
+    // process CUDA spins in a host wait, and up to num_threads decode
+    // threads reach a slot that the stage has just handed back together;
+    // spinning, they would hold the cores that the stage threads (nvJPEG's
+    // host work) and the training thread need. The copies take a few
+    // hundred microseconds to a few milliseconds. See Note [ImageLoader
+    // threads and streams].
+    while (!slot.released->query()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
@@ -378,6 +418,21 @@ Staged BatchStage::Impl::run_cuda(
     }
     r = end;
   }
+  // The crops for the GPU's resize (Recipe::gpu_resize), in one copy.
+  torch::Tensor crops;
+  int64_t crops_end = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (slot.state[r] == RowState::kCropped) {
+      const CropBox& box = slot.encoded[r].placement.box;
+      crops_end =
+          std::max(crops_end, slot.crop_offset[r] + box.height * box.width * 3);
+      ++out.cpu_decoded;
+    }
+  }
+  if (crops_end > 0) {
+    crops = torch::empty({crops_end}, slot.crops.options().device(device));
+    crops.copy_(slot.crops.narrow(0, 0, crops_end), /*non_blocking=*/true);
+  }
   torch::Tensor targets;
   if (out.bad_rows.empty()) {
     targets = slot.targets.narrow(0, 0, rows)
@@ -386,6 +441,12 @@ Staged BatchStage::Impl::run_cuda(
     const auto index = torch::tensor(source, torch::kLong);
     targets = slot.targets.narrow(0, 0, rows).index_select(0, index).to(device);
   }
+  // The slot's host rows and targets are free once the copies above have
+  // run (the kernel below reads their device copies).
+  if (!slot.released) {
+    slot.released.emplace(c10::DeviceType::CUDA);
+  }
+  slot.released->record(stream);
   const int64_t n = static_cast<int64_t>(source.size());
   std::vector<RowSource> sources(n);
   for (int64_t o = 0; o < n; ++o) {
@@ -394,6 +455,12 @@ Staged BatchStage::Impl::run_cuda(
     if (slot.state[r] == RowState::kDecoded) {
       sources[o].image = pixels[r];
       sources[o].as_is = true;
+    } else if (slot.state[r] == RowState::kCropped) {
+      const Placement& p = slot.encoded[r].placement;
+      sources[o].image =
+          crops.narrow(0, slot.crop_offset[r], p.box.height * p.box.width * 3)
+              .view({p.box.height, p.box.width, 3});
+      sources[o].placement = p;
     } else {
       sources[o].image = gpu_images[r];
       sources[o].placement = slot.encoded[r].placement;
@@ -409,12 +476,7 @@ Staged BatchStage::Impl::run_cuda(
       format());
   Normalization normalization{options.mean(), options.std()};
   write_rows(recipe, sources, &normalization, images);
-  // The slot's host rows and targets are free once the copies above have
-  // run; the batch is ready once everything has.
-  if (!slot.released) {
-    slot.released.emplace(c10::DeviceType::CUDA);
-  }
-  slot.released->record(stream);
+  // The batch is ready once everything above has run.
   out.done.emplace(c10::DeviceType::CUDA);
   out.done->record(stream);
   out.batch.images = images;

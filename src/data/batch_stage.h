@@ -12,6 +12,7 @@
 #include <lamp/data/image_loader.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@ namespace lamp::data::detail {
 enum class RowState : uint8_t {
   kDecoded, // the row's transformed pixels are in the slot's host pixels
   kEncoded, // the file's bytes wait for the GPU
+  kCropped, // the decoded crop is in the slot's `crops`, for the GPU's resize
   kBad, // the image cannot be decoded (`problem`)
 };
 
@@ -41,8 +43,16 @@ struct SlotRows {
   torch::Tensor pixels; // uint8 [B, S, S, 3], pinned when the device is CUDA
   torch::Tensor targets; // int64 [B], likewise
   std::vector<RowState> state;
-  std::vector<EncodedRow> encoded;
+  std::vector<EncodedRow> encoded; // kEncoded; kCropped: the placement only
   std::vector<std::string> problem;
+  // Recipe::gpu_resize: uint8, pinned, the kCropped rows' crops one after
+  // another (crop_offset[row]: where, in bytes), up to *crops_used bytes,
+  // reserved by the decode threads side by side (reset by the loader when
+  // it assigns the slot a batch).
+  torch::Tensor crops;
+  std::vector<int64_t> crop_offset;
+  std::unique_ptr<std::atomic<int64_t>> crops_used =
+      std::make_unique<std::atomic<int64_t>>(0);
   // Recorded by the stage once its copies out of `pixels` and `targets` are
   // enqueued; the decode threads wait for it before writing them again.
   std::optional<c10::Event> released;
@@ -65,22 +75,27 @@ class BatchStage {
   explicit BatchStage(const ImageLoaderOptions& options);
   ~BatchStage();
 
-  // How many of a batch's `rows` the decode threads leave for the GPU (the
-  // last ones): all (kGpu), a measured share (kAuto with nvJPEG) or none.
+  // How many of a batch's `rows` the decode threads leave for the GPU
+  // (prepare() picks which): all (kGpu), a measured share (kAuto with
+  // nvJPEG) or none.
   // Called under the loader's mutex.
   int64_t gpu_rows(int64_t rows) const;
 
-  // Decode thread, for a row meant for the GPU: reads the header, draws the
-  // row's crop into `row` and moves the bytes there; false (bytes left
-  // alone) when nvJPEG cannot decode the file (a PNG, a CMYK JPEG, a
-  // damaged file...): decode it on the CPU.
+  // Decode thread, for a row of a batch whose GPU share is `gpu_share`
+  // (gpu_rows / rows, > 0): reads the header and decides where the image
+  // is decoded (with kAuto a progressive JPEG stays on the CPU, the others
+  // go to the GPU at `gpu_share`, drawn by a hash of `index`). For the GPU:
+  // draws the row's crop into `row` and moves the bytes there, true. False
+  // (bytes left alone) for the CPU, also when nvJPEG cannot decode the file
+  // (a PNG, a CMYK JPEG, a damaged file...).
   bool prepare(
       EncodedRow& row,
       std::vector<uint8_t>& bytes,
       const std::string& path,
       const Recipe& recipe,
       int64_t epoch,
-      int64_t index) const;
+      int64_t index,
+      double gpu_share) const;
 
   // Decode thread: a measurement for kAuto's split (under the mutex).
   void record_thread(bool decoded, double seconds);

@@ -66,7 +66,11 @@ void ImageLoader::Impl::assign(
       std::min<int64_t>(bs, static_cast<int64_t>(slot.order->size()) - first);
   slot.next_row = 0;
   slot.pending = slot.rows;
-  slot.gpu_first = slot.rows - stage->gpu_rows(slot.rows);
+  slot.data.crops_used->store(0);
+  slot.gpu_share = slot.rows > 0
+      ? static_cast<double>(stage->gpu_rows(slot.rows)) /
+          static_cast<double>(slot.rows)
+      : 0.0;
   slot.error = nullptr;
 }
 
@@ -85,14 +89,50 @@ bool ImageLoader::Impl::decode_row(
   // NOTE: an I/O error throws: only images that cannot be decoded are
   // skipped.
   auto bytes = read_file(sample.path);
-  if (row >= slot.gpu_first &&
+  if (slot.gpu_share > 0 &&
       stage->prepare(
-          data.encoded[row], bytes, sample.path, recipe, slot.epoch, index)) {
+          data.encoded[row],
+          bytes,
+          sample.path,
+          recipe,
+          slot.epoch,
+          index,
+          slot.gpu_share)) {
     data.state[row] = RowState::kEncoded;
     return false;
   }
-  std::string problem = detail::transform_into(
-      recipe, slot.epoch, index, bytes, sample.path, scratch, data.pixels[row]);
+  std::string problem;
+  if (recipe.gpu_resize) {
+    // The crop straight into the slot's crops, for the GPU to resize, when
+    // there is room.
+    auto& used = *data.crops_used;
+    const int64_t capacity = data.crops.numel();
+    uint8_t* base = data.crops.data_ptr<uint8_t>();
+    int64_t offset = 0;
+    const auto reserve = [&](int64_t n) -> uint8_t* {
+      offset = used.fetch_add(n);
+      return offset + n <= capacity ? base + offset : nullptr;
+    };
+    auto crop = detail::decode_crop(
+        recipe, slot.epoch, index, bytes, sample.path, reserve);
+    if (crop.taken && crop.problem.empty()) {
+      data.state[row] = RowState::kCropped;
+      data.encoded[row].placement = crop.placement;
+      data.crop_offset[row] = offset;
+      return true;
+    }
+    problem = std::move(crop.problem);
+  }
+  if (problem.empty()) {
+    problem = detail::transform_into(
+        recipe,
+        slot.epoch,
+        index,
+        bytes,
+        sample.path,
+        scratch,
+        data.pixels[row]);
+  }
   if (problem.empty()) {
     data.state[row] = RowState::kDecoded;
     return true;

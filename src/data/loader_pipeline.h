@@ -42,12 +42,15 @@ namespace lamp::data {
 // * Decode threads (num_threads) take rows of the batches the ring holds,
 //   one at a time, in `seq` order: read the file, then either decode, crop,
 //   resize and flip it into the slot's row (the CPU's rows), or parse its
-//   header, draw its crop and keep its bytes for the GPU (the last
-//   `gpu_first..rows` rows of a slot: BatchStage::gpu_rows, all of them
-//   with ImageDecode::kGpu, a measured share with kAuto). They touch only
+//   header, draw its crop and keep its bytes for the GPU (a share of the
+//   slot's rows: BatchStage::gpu_rows of them, all with ImageDecode::kGpu,
+//   a measured share with kAuto, drawn by BatchStage::prepare). With
+//   gpu_resize the decode threads decode a JPEG's crop into the slot's
+//   `crops` and leave its resize to the GPU. They touch only
 //   their row while working, so they hold the mutex only to take a row and
 //   to report it done. Before writing a row they wait for the slot's
-//   `released` event: the stage's copies out of the slot's last batch.
+//   `released` event: the stage's copies out of the slot's last batch
+//   (polling it, so that a waiting thread does not hold a core).
 // * Stage threads (stage_threads; stage thread k takes the batches b with
 //   b % stage_threads == k) each turn a complete slot into a batch
 //   (BatchStage::run, lane k): on CUDA it decodes the GPU's rows with
@@ -95,7 +98,7 @@ struct RingSlot {
   int64_t rows = 0;
   int64_t next_row = 0; // the next row a decode thread takes
   int64_t pending = 0; // rows taken or not, not yet done
-  int64_t gpu_first = 0; // rows from here on are for the GPU
+  double gpu_share = 0; // of its rows, for the GPU (BatchStage::prepare)
   SlotRows data;
   std::exception_ptr error;
 };

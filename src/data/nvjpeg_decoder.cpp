@@ -10,6 +10,8 @@
 #include <c10/util/Exception.h>
 #include <nvjpeg.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,9 +24,9 @@ namespace lamp::data::detail {
 // thread (several may share a device; each has its own nvJPEG handle).
 //
 // Streams: decode() enqueues all work on the caller's `stream`. The outputs
-// come from LibTorch's caching allocator with `stream` current, so they
-// belong to `stream`: use them there, or record them on another stream
-// (Tensor::record_stream) before dropping them.
+// come from LibTorch's caching allocator with `stream` current, as views of
+// one block a batch, so they belong to `stream`: use them there, or record
+// them on another stream (Tensor::record_stream) before dropping them.
 //
 // The hardware engines break stream order: nvjpegDecodeBatched on the
 // hardware backend writes the outputs when it is called, not after the work
@@ -199,6 +201,7 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
   std::vector<torch::Tensor> out(n);
   std::vector<size_t> hardware_ids;
   std::vector<size_t> cuda_ids;
+  std::vector<std::pair<int64_t, int64_t>> shapes(n, {0, 0});
   for (size_t i = 0; i < n; ++i) {
     if (failed[i]) {
       continue;
@@ -228,11 +231,10 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
       height = r.height;
       width = r.width;
     }
-    out[i] = at::empty(
-        {height, width, 3},
-        at::TensorOptions().dtype(at::kByte).device(at::kCUDA, d.device));
+    shapes[i] = {height, width};
     (info[i].hardware ? hardware_ids : cuda_ids).push_back(i);
   }
+  d.allocate_outputs(shapes, failed, out);
   bool hardware_failed = false;
   if (!hardware_ids.empty() &&
       !d.decode_hardware(
@@ -242,6 +244,7 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
     hardware_ids.clear();
   }
   int64_t cuda_decoded = 0;
+  const auto cuda_start = std::chrono::steady_clock::now();
   for (size_t i : cuda_ids) {
     if (attempt(i, [&] {
           d.decode_cuda(
@@ -270,7 +273,50 @@ std::vector<torch::Tensor> NvjpegDecoder::decode(
   }
   d.hardware_count = int64_t(hardware_ids.size());
   d.cuda_count = cuda_decoded;
+  d.cuda_seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - cuda_start)
+                       .count();
   return out;
+}
+
+void NvjpegDecoder::Impl::allocate_outputs(
+    const std::vector<std::pair<int64_t, int64_t>>& shapes,
+    const std::vector<char>& failed,
+    std::vector<at::Tensor>& out) {
+  const auto options =
+      at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
+  // NOTE: 256-byte aligned offsets, as cudaMalloc's.
+  constexpr int64_t kAlign = 256;
+  std::vector<int64_t> offsets(shapes.size(), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (failed[i]) {
+      continue;
+    }
+    const int64_t bytes = shapes[i].first * shapes[i].second * 3;
+    offsets[i] = total;
+    total += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  if (total == 0) {
+    return;
+  }
+  // NOTE: one allocation a batch instead of one an image, and always of
+  // the largest size so far (in 2 MiB steps), so that the caching
+  // allocator hands the same blocks back batch after batch: crops of random
+  // sizes otherwise make it cudaMalloc new segments for a whole pass over
+  // the data (a first-pass cost). Views share the block, so the caller's
+  // record_stream on any of them protects it all.
+  constexpr int64_t kStep = int64_t(2) << 20;
+  largest_outputs =
+      std::max(largest_outputs, (total + kStep - 1) / kStep * kStep);
+  const at::Tensor block = at::empty({largest_outputs}, options);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (!failed[i]) {
+      out[i] =
+          block.narrow(0, offsets[i], shapes[i].first * shapes[i].second * 3)
+              .view({shapes[i].first, shapes[i].second, 3});
+    }
+  }
 }
 
 int64_t NvjpegDecoder::hardware_decoded() const {
@@ -279,6 +325,10 @@ int64_t NvjpegDecoder::hardware_decoded() const {
 
 int64_t NvjpegDecoder::cuda_decoded() const {
   return impl_->cuda_count;
+}
+
+double NvjpegDecoder::cuda_seconds() const {
+  return impl_->cuda_seconds;
 }
 
 NvjpegAllocations NvjpegDecoder::allocations() const {

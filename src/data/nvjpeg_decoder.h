@@ -86,7 +86,8 @@ class LAMP_API NvjpegDecoder {
   /// interleaved RGB (grayscale files come out with R = G = B), as the CPU
   /// decoder's layout. The work is enqueued on `stream`, a stream of this
   /// decoder's device; the outputs come from LibTorch's caching allocator,
-  /// allocated with `stream` current. At most max_batch_size() images.
+  /// allocated with `stream` current, as views of one block a batch (a
+  /// kept output keeps the block). At most max_batch_size() images.
   /// When some go to the hardware engines, first waits on the host until
   /// `stream` is idle (see the Note): give the decoder a stream of its own.
   ///
@@ -111,6 +112,10 @@ class LAMP_API NvjpegDecoder {
   /// and how many the CUDA backend did.
   int64_t hardware_decoded() const;
   int64_t cuda_decoded() const;
+  /// The host time (seconds) the last decode() call spent in the CUDA
+  /// backend's images, one after another on the calling thread (for
+  /// benchmarks: what progressive JPEGs and others the engines refuse cost).
+  double cuda_seconds() const;
 
   /// What nvJPEG allocated and freed for this decoder so far (its own
   /// buffers, not the outputs): counts, bytes, and the time spent in the

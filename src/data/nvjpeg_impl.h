@@ -83,6 +83,9 @@ struct NvjpegDecoder::Impl {
   cudaStream_t last_stream = nullptr;
   int64_t hardware_count = 0;
   int64_t cuda_count = 0;
+  double cuda_seconds = 0;
+  // The largest allocation allocate_outputs has made (bytes).
+  int64_t largest_outputs = 0;
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -92,6 +95,13 @@ struct NvjpegDecoder::Impl {
   Slot& slot();
   void retire(Slot& s, cudaStream_t stream);
   void renew(nvjpegJpegStream_t& bitstream);
+  // out[i] = a uint8 [h, w, 3] tensor on the device for each image not
+  // `failed`: views of one allocation from the caching allocator (the
+  // current stream's).
+  void allocate_outputs(
+      const std::vector<std::pair<int64_t, int64_t>>& shapes,
+      const std::vector<char>& failed,
+      std::vector<at::Tensor>& out);
   ImageInfo inspect(
       nvjpegJpegStream_t bitstream,
       const uint8_t* data,

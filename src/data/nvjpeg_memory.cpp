@@ -53,13 +53,6 @@ NvjpegMemory::NvjpegMemory(c10::DeviceIndex device) : device_index_(device) {
   pinned_.pinned_ctx = this;
 }
 
-void NvjpegMemory::use_stream(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) {
-    streams_.push_back(stream);
-  }
-}
-
 NvjpegAllocations NvjpegMemory::counts() const {
   NvjpegAllocations c;
   c.device_allocations = device_allocations_.load();
@@ -121,10 +114,7 @@ int NvjpegMemory::pinned_malloc(
     c10::DataPtr block =
         at::getHostAllocator(at::kCUDA)->allocate(std::max<size_t>(size, 1));
     *ptr = block.get();
-    {
-      std::lock_guard<std::mutex> lock(m->mutex_);
-      m->pinned_blocks_.emplace(*ptr, std::move(block));
-    }
+    m->pinned_blocks_.add(std::move(block));
     const double s = since(t);
     m->add_time(s);
     ++m->pinned_allocations_;
@@ -148,29 +138,17 @@ int NvjpegMemory::pinned_free(
     const auto t = Clock::now();
     c10::cuda::CUDAGuard guard(m->device_index_);
     at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
-    std::lock_guard<std::mutex> lock(m->mutex_);
-    const auto it = m->pinned_blocks_.find(ptr);
-    if (it == m->pinned_blocks_.end()) {
-      return 1;
-    }
     // See Note [nvJPEG's own memory]: the block waits for these streams'
     // work before its next use.
-    void* context = it->second.get_context();
-    for (cudaStream_t used : m->streams_) {
+    const auto record = [&](const c10::DataPtr& block, cudaStream_t used) {
       host->record_event(
-          ptr,
-          context,
+          block.get(),
+          block.get_context(),
           c10::cuda::getStreamFromExternal(used, m->device_index_).unwrap());
+    };
+    if (!m->pinned_blocks_.release(ptr, stream, record)) {
+      return 1;
     }
-    if (stream != nullptr &&
-        std::find(m->streams_.begin(), m->streams_.end(), stream) ==
-            m->streams_.end()) {
-      host->record_event(
-          ptr,
-          context,
-          c10::cuda::getStreamFromExternal(stream, m->device_index_).unwrap());
-    }
-    m->pinned_blocks_.erase(it);
     const double s = since(t);
     m->add_time(s);
     ++m->pinned_frees_;

@@ -10,9 +10,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
+
+#include "nvjpeg_utils.h"
 
 namespace lamp::data::detail {
 
@@ -45,7 +44,9 @@ class NvjpegMemory {
     return &pinned_;
   }
   /// Notes a stream that nvJPEG's work with these buffers runs on.
-  void use_stream(cudaStream_t stream);
+  void use_stream(cudaStream_t stream) {
+    pinned_blocks_.use_stream(stream);
+  }
   NvjpegAllocations counts() const;
 
  private:
@@ -58,9 +59,7 @@ class NvjpegMemory {
   c10::DeviceIndex device_index_;
   nvjpegDevAllocatorV2_t device_{};
   nvjpegPinnedAllocatorV2_t pinned_{};
-  std::mutex mutex_; // guards pinned_blocks_ and streams_
-  std::unordered_map<void*, c10::DataPtr> pinned_blocks_;
-  std::vector<cudaStream_t> streams_;
+  StreamBlocks pinned_blocks_;
   std::atomic<int64_t> device_allocations_{0};
   std::atomic<int64_t> device_frees_{0};
   std::atomic<int64_t> device_bytes_{0};

@@ -106,11 +106,17 @@ CachingDeviceMemory::CachingDeviceMemory(c10::DeviceIndex device)
   allocator_.dev_ctx = this;
 }
 
-void CachingDeviceMemory::use_stream(cudaStream_t stream) {
+void StreamBlocks::use_stream(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) {
     streams_.push_back(stream);
   }
+}
+
+void StreamBlocks::add(c10::DataPtr block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* ptr = block.get();
+  blocks_.emplace(ptr, std::move(block));
 }
 
 // NOTE: these two are called from inside nvJPEG (C): they return nonzero
@@ -128,8 +134,7 @@ int CachingDeviceMemory::allocate(
     c10::DataPtr block = c10::cuda::CUDACachingAllocator::get()->allocate(
         std::max<size_t>(size, 1));
     *ptr = block.get();
-    std::lock_guard<std::mutex> lock(memory->mutex_);
-    memory->blocks_.emplace(*ptr, std::move(block));
+    memory->blocks_.add(std::move(block));
     return 0;
   } catch (const std::exception&) {
     return 1;
@@ -147,19 +152,11 @@ int CachingDeviceMemory::release(
   }
   try {
     c10::cuda::CUDAGuard guard(memory->device_);
-    std::lock_guard<std::mutex> lock(memory->mutex_);
-    const auto it = memory->blocks_.find(ptr);
-    if (it == memory->blocks_.end()) {
-      return 1;
-    }
-    for (cudaStream_t used : memory->streams_) {
+    const auto record = [&](const c10::DataPtr& block, cudaStream_t used) {
       c10::cuda::CUDACachingAllocator::recordStream(
-          it->second, c10::cuda::getStreamFromExternal(used, memory->device_));
-    }
-    c10::cuda::CUDACachingAllocator::recordStream(
-        it->second, c10::cuda::getStreamFromExternal(stream, memory->device_));
-    memory->blocks_.erase(it);
-    return 0;
+          block, c10::cuda::getStreamFromExternal(used, memory->device_));
+    };
+    return memory->blocks_.release(ptr, stream, record) ? 0 : 1;
   } catch (const std::exception&) {
     return 1;
   }

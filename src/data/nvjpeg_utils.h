@@ -1,12 +1,14 @@
 #pragma once
 
-// Internal: nvJPEG status checks and the device allocator that puts nvJPEG's
-// CUDA-backend buffer in LibTorch's caching allocator.
+// Internal: nvJPEG status checks, the registry of the blocks lamp's allocators
+// hand nvJPEG, and the device allocator that puts nvJPEG's CUDA-backend
+// buffer in LibTorch's caching allocator.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <nvjpeg.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -50,6 +52,41 @@ const char* nvjpeg_status_name(nvjpegStatus_t status);
     }                                                                         \
   } while (0)
 
+/// The blocks an allocator of lamp's handed to nvJPEG, by address, and the
+/// streams nvJPEG's work with them ran on: at a free, the block is to wait
+/// for each of those streams' queued work before it is used again (the
+/// caching allocators' recordStream / record_event). Thread-safe.
+class StreamBlocks {
+ public:
+  /// Notes a stream that nvJPEG's work with these blocks runs on.
+  void use_stream(cudaStream_t stream);
+  void add(c10::DataPtr block);
+  /// Calls record(block, s) for every stream noted and for `also` (if not
+  /// null), each once, then drops the block; false if `ptr` is not one.
+  template <class Record>
+  bool release(void* ptr, cudaStream_t also, Record&& record) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) {
+      return false;
+    }
+    for (cudaStream_t used : streams_) {
+      record(it->second, used);
+    }
+    if (also != nullptr &&
+        std::find(streams_.begin(), streams_.end(), also) == streams_.end()) {
+      record(it->second, also);
+    }
+    blocks_.erase(it);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, c10::DataPtr> blocks_;
+  std::vector<cudaStream_t> streams_;
+};
+
 /// nvJPEG's stream-aware device allocator (nvjpegDevAllocatorV2_t) on
 /// LibTorch's CUDA caching allocator: a block is allocated on the stream
 /// nvJPEG names, and freed after every stream that decode() ran on has been
@@ -67,7 +104,9 @@ class CachingDeviceMemory {
     return &allocator_;
   }
   /// Notes a stream that nvJPEG's work with these blocks runs on.
-  void use_stream(cudaStream_t stream);
+  void use_stream(cudaStream_t stream) {
+    blocks_.use_stream(stream);
+  }
 
  private:
   static int allocate(void* self, void** ptr, size_t size, cudaStream_t s);
@@ -75,9 +114,7 @@ class CachingDeviceMemory {
 
   c10::DeviceIndex device_;
   nvjpegDevAllocatorV2_t allocator_{};
-  std::mutex mutex_;
-  std::unordered_map<void*, c10::DataPtr> blocks_;
-  std::vector<cudaStream_t> streams_;
+  StreamBlocks blocks_;
 };
 
 } // namespace lamp::data::detail

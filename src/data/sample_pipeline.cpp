@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "image_decoder_detail.h"
 
@@ -98,6 +99,75 @@ CropBox scaled_box(
 
 namespace {
 
+// What a sample's decode is to be: the image's header, the region to
+// decode (in the decoded image: reduced when scale > 1) and the placement of
+// the crop in that region.
+struct DecodePlan {
+  ImageHeader full; // at full size
+  CropBox region;
+  Placement placement;
+  int scale = 1;
+};
+
+// Reads the header, takes `given` or draws the sample's placement, and
+// plans the decode of the part of the image that the placement needs.
+std::string plan_decode(
+    const Recipe& recipe,
+    const Placement* given,
+    int64_t epoch,
+    int64_t index,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    DecodePlan& plan) {
+  ImageHeader header;
+  std::string problem =
+      read_image_header(bytes.data(), bytes.size(), path, &header);
+  if (!problem.empty()) {
+    return problem;
+  }
+  plan.full = header;
+  plan.placement = given != nullptr
+      ? *given
+      : place(recipe, epoch, index, header.height, header.width);
+  // A crop at least twice the output may be decoded reduced in the DCT
+  // domain (off by default: the pixels differ from a full decode's resize).
+  if (recipe.train && recipe.dct_downscale &&
+      header.format == ImageFormat::kJpeg) {
+    plan.scale = dct_scale(plan.placement.box, recipe.image_size);
+    if (plan.scale > 1) {
+      header.height = scaled_extent(header.height, plan.scale);
+      header.width = scaled_extent(header.width, plan.scale);
+      plan.placement.box = scaled_box(
+          plan.placement.box, plan.scale, header.height, header.width);
+    }
+  }
+  // The crop's window depends only on the image's size: a JPEG's other
+  // rows and columns need not be decoded at all.
+  plan.region = CropBox{0, 0, header.height, header.width};
+  if (recipe.train && recipe.partial_decode &&
+      header.format == ImageFormat::kJpeg) {
+    plan.region = plan.placement.box;
+    plan.placement.box.top = 0;
+    plan.placement.box.left = 0;
+  }
+  return "";
+}
+
+std::string decode_planned(
+    const DecodePlan& plan,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    uint8_t* pixels) {
+  return decode_image_region(
+      bytes.data(),
+      bytes.size(),
+      path,
+      plan.full,
+      plan.region,
+      pixels,
+      plan.scale);
+}
+
 // Reads the header, takes `given` or draws the sample's placement, decodes
 // the part of the image that the placement needs and transforms it into
 // `out`.
@@ -110,54 +180,22 @@ std::string read_decode_transform(
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
-  ImageHeader header;
+  DecodePlan plan;
   std::string problem =
-      read_image_header(bytes.data(), bytes.size(), path, &header);
+      plan_decode(recipe, given, epoch, index, bytes, path, plan);
   if (!problem.empty()) {
     return problem;
   }
-  const ImageHeader header_at_full_size = header;
-  Placement placement = given != nullptr
-      ? *given
-      : place(recipe, epoch, index, header.height, header.width);
-  // A crop at least twice the output may be decoded reduced in the DCT
-  // domain (off by default: the pixels differ from a full decode's resize).
-  int scale = 1;
-  if (recipe.train && recipe.dct_downscale &&
-      header.format == ImageFormat::kJpeg) {
-    scale = dct_scale(placement.box, recipe.image_size);
-    if (scale > 1) {
-      header.height = scaled_extent(header.height, scale);
-      header.width = scaled_extent(header.width, scale);
-      placement.box =
-          scaled_box(placement.box, scale, header.height, header.width);
-    }
-  }
-  // The crop's window depends only on the image's size: a JPEG's other
-  // rows and columns need not be decoded at all.
-  CropBox region{0, 0, header.height, header.width};
-  if (recipe.train && recipe.partial_decode &&
-      header.format == ImageFormat::kJpeg) {
-    region = placement.box;
-    placement.box.top = 0;
-    placement.box.left = 0;
-  }
+  const CropBox& region = plan.region;
   const int64_t bytes_needed = region.height * region.width * 3;
   if (!decoded.defined() || decoded.numel() < bytes_needed) {
     decoded = torch::empty({bytes_needed}, torch::kUInt8);
   }
   auto image =
       decoded.narrow(0, 0, bytes_needed).view({region.height, region.width, 3});
-  problem = decode_image_region(
-      bytes.data(),
-      bytes.size(),
-      path,
-      header_at_full_size,
-      region,
-      image.data_ptr<uint8_t>(),
-      scale);
+  problem = decode_planned(plan, bytes, path, image.data_ptr<uint8_t>());
   if (problem.empty()) {
-    transform_decoded_into(recipe, placement, image, std::move(out));
+    transform_decoded_into(recipe, plan.placement, image, std::move(out));
   }
   return problem;
 }
@@ -185,6 +223,34 @@ std::string transform_placed_into(
     torch::Tensor out) {
   return read_decode_transform(
       recipe, &placement, 0, 0, bytes, path, decoded, std::move(out));
+}
+
+CropDecode decode_crop(
+    const Recipe& recipe,
+    int64_t epoch,
+    int64_t index,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    const std::function<uint8_t*(int64_t)>& reserve) {
+  CropDecode out;
+  DecodePlan plan;
+  out.problem = plan_decode(recipe, nullptr, epoch, index, bytes, path, plan);
+  if (!out.problem.empty()) {
+    return out;
+  }
+  // Only a region that is the crop itself (a JPEG's partial decoding).
+  const CropBox& box = plan.placement.box;
+  if (box.height != plan.region.height || box.width != plan.region.width) {
+    return out;
+  }
+  uint8_t* pixels = reserve(plan.region.height * plan.region.width * 3);
+  if (pixels == nullptr) {
+    return out;
+  }
+  out.taken = true;
+  out.placement = plan.placement;
+  out.problem = decode_planned(plan, bytes, path, pixels);
+  return out;
 }
 
 } // namespace lamp::data::detail

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct Recipe {
   // Training: decode a JPEG reduced 2, 4 or 8 times in the DCT domain when
   // its crop is at least that many times the output (as Pillow's draft()).
   bool dct_downscale = false;
+  // Training on CUDA (ImageLoaderOptions::gpu_resize): the decode threads
+  // hand the decoded crops of JPEGs to the GPU, which resizes them with
+  // nvJPEG's (decode_crop).
+  bool gpu_resize = false;
 };
 
 // The DCT-domain reduction (1, 2, 4 or 8) for a crop `box` resized to
@@ -91,6 +96,26 @@ void check_box_inside(
     int64_t height,
     int64_t width,
     const char* who);
+
+// For the GPU's resize (Recipe::gpu_resize): decodes the
+// crop of a JPEG (training with partial decoding: the region decoded is the
+// crop) into `reserve(bytes)`, uint8 [h, w, 3], and returns the crop's
+// placement in it (box {0, 0, h, w}, flip). `taken` false (nothing
+// decoded) when the sample is not for this path (not a JPEG, no partial
+// decoding) or `reserve` returned null (no room): transform it on the CPU.
+// `problem`: what is wrong with the image ("" if nothing).
+struct CropDecode {
+  bool taken = false;
+  Placement placement;
+  std::string problem;
+};
+CropDecode decode_crop(
+    const Recipe& recipe,
+    int64_t epoch,
+    int64_t index,
+    const std::vector<uint8_t>& bytes,
+    const std::string& path,
+    const std::function<uint8_t*(int64_t)>& reserve);
 
 // The transform of an already decoded uint8 [H, W, 3] image (CPU or CUDA).
 void transform_decoded_into(

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "data/image_decoder_detail.h"
+#include "data/sample_pipeline.h"
 #include "support.h"
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -247,6 +248,59 @@ TEST_F(ImageDecoder, ARegionEqualsTheSameRegionOfTheWholeImageAtEveryScale) {
     }
   }
   EXPECT_EQ(regions, 8 * (43 + 3 * 13));
+}
+
+TEST_F(ImageDecoder, ACropForTheGpuIsTheSamplesCropOfTheWholeImage) {
+  // decode_crop (the loader's crops for the GPU's resize): the crop that
+  // place() draws for the sample, decoded into the memory `reserve` gives.
+  using lamp::data::detail::decode_crop;
+  using lamp::data::detail::place;
+  lamp::data::detail::Recipe recipe; // training, partial decoding
+  recipe.seed = 3;
+  for (const char* name : {"q90_420.jpg", "progressive.jpg", "gray.jpg"}) {
+    const auto bytes = read_file(path(name));
+    const auto whole = expected(name);
+    for (int64_t index = 0; index < 20; ++index) {
+      SCOPED_TRACE(std::string(name) + " sample " + std::to_string(index));
+      std::vector<uint8_t> memory;
+      const auto crop =
+          decode_crop(recipe, 1, index, bytes, name, [&](int64_t n) {
+            memory.assign(n, 7);
+            return memory.data();
+          });
+      ASSERT_TRUE(crop.taken);
+      ASSERT_EQ(crop.problem, "");
+      const auto drawn = place(recipe, 1, index, whole.size(0), whole.size(1));
+      EXPECT_EQ(crop.placement.flip, drawn.flip);
+      EXPECT_EQ(crop.placement.box.top, 0);
+      EXPECT_EQ(crop.placement.box.left, 0);
+      ASSERT_EQ(crop.placement.box.height, drawn.box.height);
+      ASSERT_EQ(crop.placement.box.width, drawn.box.width);
+      ASSERT_EQ(int64_t(memory.size()), drawn.box.height * drawn.box.width * 3);
+      const auto got = torch::from_blob(
+          memory.data(), {drawn.box.height, drawn.box.width, 3}, torch::kUInt8);
+      const auto want =
+          whole.slice(0, drawn.box.top, drawn.box.top + drawn.box.height)
+              .slice(1, drawn.box.left, drawn.box.left + drawn.box.width);
+      EXPECT_TRUE(torch::equal(got, want));
+    }
+  }
+  // No room, or not a training crop: left to the CPU's transform.
+  const auto jpeg = read_file(path("q90_420.jpg"));
+  EXPECT_FALSE(decode_crop(recipe, 0, 0, jpeg, "q90_420.jpg", [](int64_t) {
+                 return static_cast<uint8_t*>(nullptr);
+               }).taken);
+  recipe.train = false; // the evaluation transform: the whole image
+  std::vector<uint8_t> memory(1 << 24);
+  EXPECT_FALSE(decode_crop(recipe, 0, 0, jpeg, "q90_420.jpg", [&](int64_t) {
+                 return memory.data();
+               }).taken);
+  // A bad file says what is wrong.
+  const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
+  const auto bad = decode_crop(
+      recipe, 0, 0, text, "bad.jpg", [&](int64_t) { return memory.data(); });
+  EXPECT_FALSE(bad.taken);
+  EXPECT_NE(bad.problem, "");
 }
 
 TEST_F(ImageDecoder, AFullSizeRegionOfAReducedDecodeIsAnError) {

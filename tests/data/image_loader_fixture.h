@@ -40,19 +40,22 @@ class ImageLoaderFixture : public testing::Test {
       std::system(("rm -rf '" + dir_ + "'").c_str());
     }
   }
-  // classes x per_class images of about size x size under dir_/name.
+  // classes x per_class images of about size x size under dir_/name (the
+  // first of each class a PNG); progressive > 0: every progressive-th JPEG
+  // is a progressive one.
   std::string make_folder(
       const std::string& name,
       int classes,
       int per_class,
       int size,
-      int seed) {
+      int seed,
+      int progressive = 0) {
     const std::string root = dir_ + "/" + name;
     lamp::test::run_python_oracle(
         "data/image_oracle.py",
         "folder " + root + " " + std::to_string(classes) + " " +
             std::to_string(per_class) + " " + std::to_string(size) + " " +
-            std::to_string(seed));
+            std::to_string(seed) + " " + std::to_string(progressive));
     return root;
   }
   // A folder of 2 x 10 images (3 PNGs among them) in which four files

@@ -516,6 +516,7 @@ class ImageLoaderGpu : public ImageLoaderTest {
 TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
   const auto root = make_folder("data", 3, 8, 64, 7);
   ImageFolder folder(root);
+  // The CPU's resize on both (the default; gpu_resize: the next test).
   auto options =
       ImageLoaderOptions().batch_size(8).image_size(48).seed(1).decode(
           lamp::data::ImageDecode::kCpu);
@@ -537,6 +538,75 @@ TEST_F(ImageLoaderGpu, CudaBatchesEqualCpuBatches) {
         << k;
     EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu())) << k;
   }
+}
+
+TEST_F(ImageLoaderGpu, CropsResizedOnTheGpuAreCloseToCpuResizes) {
+  // gpu_resize: the decode threads hand their JPEG crops to the GPU, which
+  // resizes them as nvJPEG's (in float, rounded), where the CPU resizes in
+  // fixed point. On the CPU device the option does nothing.
+  const auto root = make_folder("data", 3, 8, 64, 10);
+  ImageFolder folder(root);
+  auto options = ImageLoaderOptions()
+                     .batch_size(8)
+                     .image_size(48)
+                     .seed(2)
+                     .decode(lamp::data::ImageDecode::kCpu)
+                     .gpu_resize(true);
+  ImageLoader cpu(folder, ImageLoaderOptions(options).gpu_resize(false));
+  ImageLoader cuda(folder, ImageLoaderOptions(options).device(torch::kCUDA));
+  double largest = 0;
+  for (int64_t epoch : {0, 1}) {
+    const auto a = epoch_of(cpu, epoch);
+    const auto b = epoch_of(cuda, epoch);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      // In normalised units 1 level is 1 / 255 / 0.225.
+      const auto diff = (a[k].images - b[k].images.cpu()).abs() * 255 * 0.225;
+      EXPECT_LT(diff.mean().item<double>(), 0.5) << epoch << " " << k;
+      EXPECT_LE(diff.max().item<double>(), 2.01) << epoch << " " << k;
+      largest = std::max(largest, diff.max().item<double>());
+      EXPECT_TRUE(torch::equal(a[k].targets, b[k].targets.cpu()));
+    }
+  }
+  // The two resizes round differently somewhere: the GPU did resize.
+  EXPECT_GT(largest, 0.5);
+  EXPECT_EQ(cuda.cpu_decoded_images(), 48); // two epochs
+}
+
+TEST_F(ImageLoaderGpu, AutoLeavesProgressiveJpegsToTheDecodeThreads) {
+#if !LAMP_WITH_NVJPEG
+  GTEST_SKIP() << "lamp was built without nvJPEG (LAMP_WITH_NVJPEG)";
+#else
+  // Every JPEG progressive (and a PNG per class): nvJPEG would decode them
+  // with its Huffman decoding on a stage thread, one after another.
+  const auto root = make_folder("data", 2, 8, 64, 9, 1);
+  ImageFolder folder(root);
+  auto options =
+      ImageLoaderOptions().batch_size(8).image_size(48).resize_size(56).device(
+          torch::kCUDA);
+  ImageLoader cpu(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kCpu));
+  ImageLoader automatic(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kAuto));
+  ImageLoader gpu(
+      folder,
+      ImageLoaderOptions(options).decode(lamp::data::ImageDecode::kGpu));
+  const auto a = epoch_of(cpu, 0);
+  const auto b = epoch_of(automatic, 0);
+  const auto c = epoch_of(gpu, 0);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    // The same decoder on the same crops: the same pixels.
+    EXPECT_TRUE(torch::equal(a[k].images, b[k].images)) << k;
+  }
+  EXPECT_EQ(automatic.gpu_decoded_images(), 0);
+  EXPECT_EQ(automatic.cpu_decoded_images(), 16);
+  // kGpu still sends them to nvJPEG (the PNGs go to the CPU).
+  EXPECT_EQ(gpu.gpu_decoded_images(), 14);
+  EXPECT_EQ(c.size(), a.size());
+#endif
 }
 
 TEST_F(ImageLoaderGpu, GpuDecodeIsCloseToCpuDecode) {

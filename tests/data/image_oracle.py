@@ -128,7 +128,8 @@ def resize(path, out):
     torch.save(result, out)
 
 
-def folder(out_dir, classes, per_class, size, seed):
+def folder(out_dir, classes, per_class, size, seed, progressive=0):
+    # progressive > 0: every progressive-th JPEG is a progressive one.
     rng = np.random.default_rng(seed)
     colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40),
                (200, 40, 200), (40, 200, 200), (230, 230, 230), (30, 30, 30)]
@@ -147,7 +148,8 @@ def folder(out_dir, classes, per_class, size, seed):
             if n == 0:
                 img.save(os.path.join(d, f"img_{n:04d}.png"))
             else:
-                img.save(os.path.join(d, f"img_{n:04d}.jpg"), quality=90)
+                img.save(os.path.join(d, f"img_{n:04d}.jpg"), quality=90,
+                         progressive=progressive > 0 and n % progressive == 0)
 
 
 def pipeline(root, out, resize, crop):
@@ -169,7 +171,7 @@ if __name__ == "__main__":
     elif command == "crops":
         crops(int(sys.argv[2]))
     elif command == "folder":
-        folder(sys.argv[2], *(int(a) for a in sys.argv[3:7]))
+        folder(sys.argv[2], *(int(a) for a in sys.argv[3:8]))
     elif command == "pipeline":
         pipeline(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif command == "resize":

@@ -21,6 +21,7 @@
 #include "data/nvjpeg_decoder.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -256,19 +257,28 @@ class NvjpegDecoderGpu : public lamp::test::GpuTest {
     return out;
   }
 
+  // decode()'s arguments for `files`.
+  struct Inputs {
+    std::vector<const uint8_t*> data;
+    std::vector<size_t> sizes;
+    std::vector<std::string> names;
+  };
+  static Inputs inputs(const std::vector<const JpegFile*>& files) {
+    Inputs in;
+    for (const auto* f : files) {
+      in.data.push_back(f->bytes.data());
+      in.sizes.push_back(f->bytes.size());
+      in.names.push_back(f->name + ".jpg");
+    }
+    return in;
+  }
+
   static std::vector<torch::Tensor> decode(
       NvjpegDecoder& decoder,
       const std::vector<const JpegFile*>& files,
       cudaStream_t stream) {
-    std::vector<const uint8_t*> data;
-    std::vector<size_t> sizes;
-    std::vector<std::string> names;
-    for (const auto* f : files) {
-      data.push_back(f->bytes.data());
-      sizes.push_back(f->bytes.size());
-      names.push_back(f->name + ".jpg");
-    }
-    auto out = decoder.decode(data, sizes, names, stream);
+    const Inputs in = inputs(files);
+    auto out = decoder.decode(in.data, in.sizes, in.names, stream);
     EXPECT_EQ(
         decoder.hardware_decoded() + decoder.cuda_decoded(),
         int64_t(files.size()));
@@ -318,14 +328,10 @@ TEST_F(NvjpegDecoderGpu, RegionsEqualTheWholeImageCropped) {
     r.width = std::max<int64_t>((f->width - r.left) * 3 / 5, 1);
     regions.push_back(r);
   }
-  std::vector<const uint8_t*> data;
-  std::vector<size_t> sizes;
-  std::vector<std::string> names;
-  for (const auto* f : files) {
-    data.push_back(f->bytes.data());
-    sizes.push_back(f->bytes.size());
-    names.push_back(f->name + ".jpg");
-  }
+  const Inputs in = inputs(files);
+  const auto& data = in.data;
+  const auto& sizes = in.sizes;
+  const auto& names = in.names;
   for (NvjpegDecoder* decoder : {&hardware, &cuda}) {
     const auto whole = decoder->decode(data, sizes, names, stream.stream());
     const auto cropped =
@@ -399,6 +405,56 @@ TEST_F(NvjpegDecoderGpu, DecodesMixedBatches) {
     expect_close(on_cuda[i], *batch[i], "cuda batch #" + std::to_string(i));
     EXPECT_TRUE(torch::equal(on_cuda[i], on_malloc[i])) << batch[i]->name;
   }
+}
+
+TEST_F(NvjpegDecoderGpu, CropsOfRandomSizesNeedNoNewDeviceMemory) {
+  // The loader's crops change size every batch. The outputs of a batch are
+  // views of one block of the largest size so far, so once the whole
+  // images have been decoded the caching allocator makes no new segment
+  // (no cudaMalloc, which a training step beside it would wait for).
+  const auto stream = c10::cuda::getStreamFromPool(false, 0);
+  const auto files = decodable();
+  NvjpegDecoder decoder(0, static_cast<int>(files.size()));
+  const Inputs in = inputs(files);
+  const auto& data = in.data;
+  const auto& sizes = in.sizes;
+  const auto& names = in.names;
+  const auto segments = [] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(0)
+        .segment[0] // StatType::AGGREGATE
+        .allocated;
+  };
+  std::mt19937 rng(5);
+  std::vector<torch::Tensor> out =
+      decoder.decode(data, sizes, names, stream.stream());
+  int64_t after_two = 0;
+  for (int round = 0; round < 12; ++round) {
+    std::vector<lamp::data::CropBox> regions;
+    for (const auto* f : files) {
+      lamp::data::CropBox r;
+      r.height = 1 + static_cast<int64_t>(rng() % f->height);
+      r.width = 1 + static_cast<int64_t>(rng() % f->width);
+      r.top = static_cast<int64_t>(rng() % (f->height - r.height + 1));
+      r.left = static_cast<int64_t>(rng() % (f->width - r.width + 1));
+      regions.push_back(r);
+    }
+    out =
+        decoder.decode(data, sizes, names, stream.stream(), nullptr, &regions);
+    ASSERT_EQ(out.size(), files.size());
+    for (size_t i = 0; i < files.size(); ++i) {
+      EXPECT_EQ(
+          out[i].sizes(),
+          torch::IntArrayRef({regions[i].height, regions[i].width, 3}));
+      EXPECT_TRUE(out[i].is_contiguous());
+    }
+    if (round == 1) {
+      after_two = segments();
+    }
+  }
+  stream.synchronize();
+  EXPECT_EQ(segments(), after_two);
+  // One block: the outputs share their storage.
+  EXPECT_TRUE(out.front().storage().is_alias_of(out.back().storage()));
 }
 
 TEST_F(NvjpegDecoderGpu, BuffersThatGrowKeepDecodingRight) {

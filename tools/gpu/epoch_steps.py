@@ -6,14 +6,43 @@ Usage: epoch_steps.py FILE.jsonl...  For each file: the steps per epoch
 mean and median step (ms) and the first three steps' times (and, where the
 records have the loader's `gpu_decoded` / `cpu_decoded` counts, the GPU's
 share of the first steps' images and of the epoch's); a file without epochs
-(synthetic data) is one group.
+(synthetic data) is one group. Files named NAME_SET_CASE_REP.jsonl
+(issue25.sh resize) also get a table at the end: per set and case, the
+whole-run means of its rounds and their mean against NAME_synthetic_REP's.
 """
 import json
+import os
+import re
 import statistics
 import sys
 
 
+def rounds_table(means):
+    """means: {path: whole-run mean}; prints the cases of NAME_SET_CASE_REP files."""
+    cases, synthetic = {}, {}
+    for path, mean in means.items():
+        m = re.match(r"(.+)_(\d+)\.jsonl$", os.path.basename(path))
+        if not m:
+            continue
+        parts = m.group(1).split("_")
+        if parts[-1] == "synthetic":
+            synthetic[m.group(2)] = mean
+        elif len(parts) >= 3:
+            cases.setdefault((parts[-2], parts[-1]), []).append((m.group(2), mean))
+    if not cases or not synthetic:
+        return
+    print("rounds (whole-run mean ms, each round's; mean; over synthetic):")
+    for (dataset, case), runs in sorted(cases.items()):
+        runs.sort()
+        over = [mean / synthetic[r] - 1 for r, mean in runs if r in synthetic]
+        print(f"  {dataset:6} {case:8} "
+              + ", ".join(f"{mean:.2f}" for _, mean in runs)
+              + f"; {statistics.mean(m for _, m in runs):.2f}"
+              + (f"; {100 * statistics.mean(over):+.1f} %" if over else ""))
+
+
 def main(paths):
+    means = {}
     for path in paths:
         steps, epoch_ends = [], []
         with open(path) as f:
@@ -39,6 +68,7 @@ def main(paths):
                 n = r["gpu_decoded"] + r["cpu_decoded"]
                 shares.setdefault(e, []).append(r["gpu_decoded"] / max(n, 1))
         allms = [r["step_ms"] for r in steps]
+        means[path] = statistics.mean(allms)
         print(f"{path}: {total} timed steps, mean {statistics.mean(allms):.2f} "
               f"median {statistics.median(allms):.2f} ms")
         for e, ms in sorted(groups.items()):
@@ -50,6 +80,9 @@ def main(paths):
                      + " ".join(f"{g:.2f}" for g in shares[e][:4])
                      + f", mean {statistics.mean(shares[e]):.2f}"
                      if e in shares else ""))
+
+
+    rounds_table(means)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 # bs256 graphed on each set against the same step on synthetic data.
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
-# STEPS (default all but probe, roi, epochs, dct, prio, now, alloc and firstpass): any of
-# build tests sets loader probe roi e2e epochs dct prio now alloc firstpass, comma-separated.
+# STEPS (default build,tests,sets,loader,e2e): any of build tests sets
+# loader probe roi e2e epochs dct prio now alloc firstpass backends resize,
+# comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -271,9 +272,53 @@ if want firstpass; then
     --classes 100 --per-class 40 --one-size 500x375 > "$OUT/onesize.log" 2>&1
   N=$B/benchmarks/nvjpeg_decoder
   for set in onesize photo onesize photo; do
-    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 48 \
-      --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi \
+      --batches 48 --max-files 4000 --per-pass 2>> "$OUT/firstpass.err" |
       sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/firstpass.jsonl"
   done
+fi
+if want backends; then
+  # What the images nvJPEG's engines refuse (progressive JPEGs, mostly) cost
+  # the calling thread: nvjpeg_decoder's cuda_backend_ms_per_batch against
+  # its host_ms_per_batch, photo and hard sets.
+  say "nvJPEG's CUDA backend's share of the host time"
+  N=$B/benchmarks/nvjpeg_decoder
+  for set in photo hard photo hard; do
+    timeout 60 $N --data $B/sets/$set/train --decoders 2 --roi --batches 40 \
+      --max-files 4000 2>> "$OUT/backends.err" |
+      sed "s/^{/{\"set\": \"$set\", /" | tee -a "$OUT/backends.jsonl"
+  done
+fi
+if want resize; then
+  # The GPU's resize of the decode threads' crops (--gpu-resize) against
+  # the threads resizing them (the default), A/B in one call: the
+  # loader alone on both sets, then ResNet-50 three epochs on each set,
+  # every step timed, RESIZE_REPS interleaved rounds (default 2). (The
+  # route step of branch loader-route-by-cost, 2026-12-03, measured this
+  # with the other candidates of that branch behind temporary switches.)
+  say "loader A/B: GPU resize or CPU resize"
+  declare -A ARGS=([gpu]="--gpu-resize" [cpu]="")
+  for set in hard photo; do
+    for ab in gpu cpu; do
+      timeout 60 $L --data $B/sets/$set/train --threads 16 --batches 60 \
+        --decode auto ${ARGS[$ab]} 2>> "$OUT/resize.err" |
+        sed "s/^{/{\"set\": \"$set\", \"ab\": \"$ab\", /" | tee -a "$OUT/resize.jsonl"
+    done
+  done
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  for rep in $(seq 1 ${RESIZE_REPS:-2}); do
+    timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+      --metrics "$OUT/resize_synthetic_$rep.jsonl" > "$OUT/resize_synthetic_$rep.log" 2>&1
+    for set in hard photo; do
+      for ab in gpu cpu; do
+        timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 \
+          --workers 16 ${ARGS[$ab]} --log-every 1 \
+          --metrics "$OUT/resize_${set}_${ab}_$rep.jsonl" > "$OUT/resize_${set}_${ab}_$rep.log" 2>&1
+        say "resize $rep $set $ab exit $?"
+      done
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/resize_*.jsonl
 fi
 say "done"

@@ -133,6 +133,17 @@ struct LAMP_API ImageLoaderOptions {
   /// under kAuto and kGpu the GPU's rows are decoded at full size. Default:
   /// false.
   TORCH_ARG(bool, dct_downscale) = false;
+  /// Training transform on CUDA (with partial_decode): the decode threads
+  /// decode a JPEG's crop and the GPU resizes it, in the kernel that already
+  /// resizes nvJPEG's images, instead of the threads resizing it on the CPU.
+  /// The loader alone gets faster (H200 host, 16 threads: 14.7k -> 15.9k
+  /// images/s on photographs), but the resize then shares the GPU with the
+  /// training step: ResNet-50 fp16 bs256 fed by it was 0.1-0.5 ms a step
+  /// slower (benchmarks/README.md, 2026-12-03). Worth trying where the GPU
+  /// waits for the CPU. The pixels are then those of the GPU's resize (in
+  /// float, as for nvJPEG's images: within 2 levels of the CPU's fixed-point
+  /// resize). Default: false.
+  TORCH_ARG(bool, gpu_resize) = false;
   /// Skip images that cannot be decoded (a corrupt, truncated or unsupported
   /// file; counted, warned once) instead of throwing; the batch holding one
   /// is that much shorter. Reading a file (an I/O error) and everything else
