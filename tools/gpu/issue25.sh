@@ -8,8 +8,8 @@
 #
 # Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
 # STEPS (default build,tests,sets,loader,e2e): any of build tests sets
-# loader probe roi e2e epochs dct prio now alloc firstpass backends resize,
-# comma-separated.
+# loader probe roi e2e epochs dct prio now alloc firstpass backends resize
+# workers, comma-separated.
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -320,5 +320,30 @@ if want resize; then
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/resize_*.jsonl
+fi
+if want workers; then
+  # The hard set's gap (the loader alone there, ~8,400 images/s, is slower
+  # than the step, ~8,700): how the CPU's cores are best shared under the
+  # training step, A/B in one call: decode threads (--workers) 12, 14, 16
+  # and 16 with a third stage thread, ResNet-50 three epochs on each set,
+  # every step timed, WORKERS_REPS interleaved rounds (default 2).
+  say "ResNet-50 A/B: decode and stage threads"
+  declare -A WARGS=([w12]="--workers 12" [w14]="--workers 14" [w16]="--workers 16"
+    [w16s3]="--workers 16 --stage-threads 3")
+  R=$B/examples/resnet50_amp
+  COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
+  for rep in $(seq 1 ${WORKERS_REPS:-2}); do
+    timeout 60 $R $COMMON --steps 60 --warmup 5 --log-every 1 \
+      --metrics "$OUT/workers_synthetic_$rep.jsonl" > "$OUT/workers_synthetic_$rep.log" 2>&1
+    for set in hard photo; do
+      for ab in ${WORKERS_CASES:-w12 w14 w16 w16s3}; do
+        timeout 150 $R $COMMON --data $B/sets/$set --epochs 3 --warmup 5 \
+          ${WARGS[$ab]} --log-every 1 \
+          --metrics "$OUT/workers_${set}_${ab}_$rep.jsonl" > "$OUT/workers_${set}_${ab}_$rep.log" 2>&1
+        say "workers $rep $set $ab exit $?"
+      done
+    done
+  done
+  python3 tools/gpu/epoch_steps.py "$OUT"/workers_*.jsonl
 fi
 say "done"
