@@ -140,9 +140,9 @@ struct LAMP_API ImageLoaderOptions {
   /// images/s on photographs), but the resize then shares the GPU with the
   /// training step: ResNet-50 fp16 bs256 fed by it was 0.1-1.1 ms a step
   /// slower in 5 of 6 runs (benchmarks/README.md, 2026-12-03). Worth trying
-  /// where the GPU waits for the CPU. The pixels are then those of the GPU's resize (in
-  /// float, as for nvJPEG's images: within 2 levels of the CPU's fixed-point
-  /// resize). Default: false.
+  /// where the GPU waits for the CPU. The pixels are then those of the GPU's
+  /// resize (in float, as for nvJPEG's images: within 2 levels of the CPU's
+  /// fixed-point resize). Default: false.
   TORCH_ARG(bool, gpu_resize) = false;
   /// Skip images that cannot be decoded (a corrupt, truncated or unsupported
   /// file; counted, warned once) instead of throwing; the batch holding one
