@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   int64_t threads = 16;
   int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();
-  int64_t prefetch = 3;
+  int64_t prefetch = lamp::data::ImageLoaderOptions().prefetch();
   int64_t batch_size = 256;
   int64_t batches = 200;
   int64_t warmup = 10;

@@ -23,7 +23,7 @@ struct DataOptions {
   std::string dir; // empty: synthetic data
   int64_t epochs = 1;
   int64_t workers = 8; // decode threads per process
-  int64_t prefetch = 4; // batches prepared ahead (the loader's default)
+  int64_t prefetch = 8; // batches prepared ahead (the loader's default)
   // The loader's defaults: stage threads (lanes), decode threads' nice.
   int64_t stage_threads = lamp::data::ImageLoaderOptions().stage_threads();
   int decode_nice = lamp::data::ImageLoaderOptions().decode_nice();

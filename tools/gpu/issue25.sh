@@ -329,7 +329,8 @@ if want workers; then
   # every step timed, WORKERS_REPS interleaved rounds (default 2).
   say "ResNet-50 A/B: decode and stage threads"
   declare -A WARGS=([w12]="--workers 12" [w14]="--workers 14" [w16]="--workers 16"
-    [w16s3]="--workers 16 --stage-threads 3")
+    [w16s3]="--workers 16 --stage-threads 3" [w16p4]="--workers 16 --prefetch 4"
+    [w16p6]="--workers 16 --prefetch 6" [w16p8]="--workers 16 --prefetch 8")
   R=$B/examples/resnet50_amp
   COMMON="--precision fp16 --batch-size 256 --channels-last --cuda-graph"
   for rep in $(seq 1 ${WORKERS_REPS:-2}); do
@@ -345,5 +346,10 @@ if want workers; then
     done
   done
   python3 tools/gpu/epoch_steps.py "$OUT"/workers_*.jsonl
+  # Each run's peak GPU memory (the model's and the loader's) in GiB.
+  for f in "$OUT"/workers_*.jsonl; do
+    printf '%s ' "$(basename "$f" .jsonl)"
+    grep -o '"peak_memory_bytes": *[0-9]*' "$f" | tail -1 | awk '{printf "%.3f GiB\n", $2 / 2^30}'
+  done
 fi
 say "done"
