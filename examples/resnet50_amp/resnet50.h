@@ -145,8 +145,8 @@ struct ResNet50Impl : torch::nn::Module {
   /// `fused_bn`: lamp::nn::BatchNormAct2d for each BatchNorm + ReLU;
   /// `fused_tail` (with `fused_bn`): lamp::nn::conv_bn_add_relu for each
   /// bottleneck's tail; `space_to_depth_stem`: the stem's convolution as
-  /// lamp::nn::space_to_depth_conv2d (same result; faster in bf16 on an
-  /// H200, where cuDNN's 3-channel bf16 kernels are slow).
+  /// lamp::nn::space_to_depth_conv2d (same result; for bf16, where
+  /// cuDNN's 3-channel kernels are slow on an H200).
   explicit ResNet50Impl(
       int64_t num_classes = 1000,
       bool fused_bn = false,
