@@ -55,6 +55,8 @@ struct Options {
   bool no_fused_bn = false;
   bool fused_tail = false;
   bool no_fused_tail = false;
+  bool s2d_stem = false;
+  bool no_s2d_stem = false;
   bool no_cast_weights = false;
   bool cudnn_benchmark = false;
   bool ddp = false;
@@ -107,6 +109,15 @@ bool use_fused_tail(
   return fused_bn && precision.amp;
 }
 
+// --s2d-stem (off by default): the stem's convolution rearranged. On an
+// H200 cuDNN's bf16 kernels for the stem's 3-channel input took 2.9 ms a
+// step at batch 256 (forward and weight gradient), rearranged 1.1 ms plus
+// the rearrangement (fp16 gains nothing; benchmarks/README.md, "where bf16
+// loses"); the whole step is not measured yet.
+bool use_s2d_stem(const Options& opt) {
+  return opt.s2d_stem && !opt.no_s2d_stem;
+}
+
 void to_channels_last(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (auto& p : model.parameters()) {
@@ -128,6 +139,7 @@ Result train(
   torch::manual_seed(opt.seed);
   const bool fused_bn = use_fused_bn(opt, device, precision);
   const bool fused_tail = use_fused_tail(opt, fused_bn, precision);
+  const bool s2d_stem = use_s2d_stem(opt);
   // NOTE: with the fused model, single-process (under DDP it would hold
   // every gradient back to the end of backward; see lamp/cast_weights.h).
   const bool cast_weights =
@@ -158,7 +170,7 @@ Result train(
     }
   }
   resnet::ResNet50 model(
-      data ? data->num_classes() : 1000, fused_bn, fused_tail);
+      data ? data->num_classes() : 1000, fused_bn, fused_tail, s2d_stem);
   model->to(device);
   if (opt.channels_last) {
     to_channels_last(*model);
@@ -387,6 +399,7 @@ Result train(
        {"cudnn_benchmark", opt.cudnn_benchmark},
        {"fused_bn", fused_bn},
        {"fused_tail", fused_tail},
+       {"s2d_stem", s2d_stem},
        {"cast_weights", cast_weights},
        {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
@@ -433,12 +446,24 @@ int main(int argc, char** argv) {
       opt.fused_tail,
       "with the fused model, each bottleneck's last convolution, BatchNorm, "
       "shortcut and ReLU as lamp::nn::conv_bn_add_relu (BatchNorm's "
-      "statistics from the convolutions' epilogues; default: on in fp16)");
+      "statistics from the convolutions' epilogues; default: on with the "
+      "fused model)");
   app.add_flag(
          "--no-fused-tail",
          opt.no_fused_tail,
          "the bottleneck's tail as conv3, then BatchNormAct2d")
       ->excludes(tail);
+  auto* s2d = app.add_flag(
+      "--s2d-stem",
+      opt.s2d_stem,
+      "the stem's convolution as lamp::nn::space_to_depth_conv2d (a stride-1 "
+      "convolution of the input's 2x2 space-to-depth; same result; for bf16, "
+      "where cuDNN's 3-channel kernels are slow; default: off)");
+  app.add_flag(
+         "--no-s2d-stem",
+         opt.no_s2d_stem,
+         "the stem's convolution as conv1 (the default)")
+      ->excludes(s2d);
   app.add_flag(
       "--no-cast-weights",
       opt.no_cast_weights,

@@ -23,6 +23,7 @@
 #include <lamp/nn/conv_bn_add_relu.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
+#include <lamp/nn/space_to_depth_conv.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -143,13 +144,17 @@ TORCH_MODULE(Bottleneck);
 struct ResNet50Impl : torch::nn::Module {
   /// `fused_bn`: lamp::nn::BatchNormAct2d for each BatchNorm + ReLU;
   /// `fused_tail` (with `fused_bn`): lamp::nn::conv_bn_add_relu for each
-  /// bottleneck's tail.
+  /// bottleneck's tail; `space_to_depth_stem`: the stem's convolution as
+  /// lamp::nn::space_to_depth_conv2d (same result; for bf16, where
+  /// cuDNN's 3-channel kernels are slow on an H200).
   explicit ResNet50Impl(
       int64_t num_classes = 1000,
       bool fused_bn = false,
-      bool fused_tail = false)
+      bool fused_tail = false,
+      bool space_to_depth_stem = false)
       : fused_bn_(fused_bn),
         fused_tail_(fused_bn && fused_tail),
+        space_to_depth_stem_(space_to_depth_stem),
         conv1(register_module(
             "conv1",
             torch::nn::Conv2d(
@@ -179,7 +184,10 @@ struct ResNet50Impl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = bn1(conv1(x)); // relu(bn1(conv1(x)))
+    x = space_to_depth_stem_
+        ? lamp::nn::space_to_depth_conv2d(x, conv1->weight, /*padding=*/3)
+        : conv1(x);
+    x = bn1(x); // relu(bn1(conv1(x)))
     // With fused_bn also lamp's max pooling, which keeps a byte per output
     // element, not an int64 index (lamp/nn/max_pool.h).
     x = fused_bn_ ? lamp::nn::max_pool2d(x, 3, 2, 1)
@@ -203,6 +211,7 @@ struct ResNet50Impl : torch::nn::Module {
  private:
   bool fused_bn_;
   bool fused_tail_;
+  bool space_to_depth_stem_;
   int64_t in_ = 64; // channels entering the next layer (used while building)
 
  public:

@@ -19,5 +19,6 @@
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/max_pool.h>
+#include <lamp/nn/space_to_depth_conv.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>

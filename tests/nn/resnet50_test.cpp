@@ -52,6 +52,40 @@ TEST(ResNet50, FusedBatchNormKeepsNamesAndOrder) {
   EXPECT_EQ(tails->named_buffers().keys(), plain->named_buffers().keys());
 }
 
+// The stem's convolution as lamp::nn::space_to_depth_conv2d: the same
+// names, outputs and gradients (float64, so only the summation order
+// differs).
+TEST(ResNet50, SpaceToDepthStemGivesTheSameResults) {
+  torch::manual_seed(0);
+  resnet::ResNet50 plain(10);
+  resnet::ResNet50 s2d(
+      10,
+      /*fused_bn=*/false,
+      /*fused_tail=*/false,
+      /*space_to_depth_stem=*/true);
+  plain->to(torch::kDouble);
+  s2d->to(torch::kDouble);
+  ASSERT_EQ(s2d->named_parameters().keys(), plain->named_parameters().keys());
+  {
+    torch::NoGradGuard no_grad;
+    auto to = s2d->named_parameters();
+    for (const auto& p : plain->named_parameters()) {
+      to[p.key()].copy_(p.value());
+    }
+  }
+  const auto x = torch::randn({2, 3, 64, 64}, torch::kDouble);
+  const auto a = plain->forward(x);
+  const auto b = s2d->forward(x);
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-9);
+  a.square().sum().backward();
+  b.square().sum().backward();
+  const auto& ga = plain->conv1->weight.grad();
+  const auto& gb = s2d->conv1->weight.grad();
+  EXPECT_LT(
+      (ga - gb).abs().max().item<double>(),
+      1e-9 * (1 + ga.abs().max().item<double>()));
+}
+
 // Loads the weights torchvision produced into the C++ model and compares
 // outputs in eval and train mode; `fused_bn`: with lamp::nn::BatchNormAct2d
 // (its CPU fallback).
