@@ -155,10 +155,30 @@ def probe(handle, n, shape, dtype, op, iters, max_plans):
     return row
 
 
+def space_to_depth(x, channels):
+    """The stem's input padded by 3 and rearranged 2x2 into channels
+    (c, r, s), zero channels up to `channels`; channels-last."""
+    y = torch.nn.functional.pixel_unshuffle(torch.nn.functional.pad(x, (3, 3, 3, 3)), 2)
+    if channels > y.size(1):
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, channels - y.size(1)))
+    return y.contiguous(memory_format=torch.channels_last)
+
+
+def weight_to_depth(w, channels):
+    """The 7x7 kernel padded to 8x8 and rearranged like the input: 4x4."""
+    o, c = w.size(0), w.size(1)
+    w8 = torch.nn.functional.pad(w, (0, 1, 0, 1))
+    w2 = w8.reshape(o, c, 4, 2, 4, 2).permute(0, 1, 3, 5, 2, 4).reshape(o, 4 * c, 4, 4)
+    if channels > w2.size(1):
+        w2 = torch.nn.functional.pad(w2, (0, 0, 0, 0, 0, channels - w2.size(1)))
+    return w2.contiguous(memory_format=torch.channels_last)
+
+
 def stem_variants(iters):
     """The stem alone, ATen with cudnn.benchmark: its 3-channel NHWC input
     as it is, padded with zero channels to 4 or 8 (the weight too: the same
-    output), and NCHW; forward and weight gradient, fp16 and bf16."""
+    output), NCHW, and rearranged 2x2 space-to-depth; forward and weight
+    gradient, fp16 and bf16."""
     cl = torch.channels_last
     print("| dtype | input | fprop us | wgrad us |")
     print("| --- | --- | ---: | ---: |")
@@ -172,6 +192,21 @@ def stem_variants(iters):
                 dy, x, w, None, [2, 2], [3, 3], [1, 1], False, [0, 0], 1, [False, True, False])
             name = f"{c} channels, {'NHWC' if fmt is cl else 'NCHW'}"
             print(f"| {dn} | {name} | {kernel_us(f, iters):.1f} | {kernel_us(g, iters):.1f} |", flush=True)
+        # The 2x2 space-to-depth form (lamp::nn::space_to_depth_conv2d):
+        # a 4x4 stride-1 convolution over 12 channels, or 16 with zeros,
+        # and the rearrangement as pad + pixel_unshuffle (+ pad).
+        x = torch.randn(256, 3, 224, 224, device="cuda", dtype=dt).contiguous(memory_format=cl)
+        w = (torch.randn(64, 3, 7, 7, device="cuda", dtype=dt) * 0.05).contiguous(memory_format=cl)
+        for c in (12, 16):
+            s2d = lambda: space_to_depth(x, c)
+            xs, ws = s2d(), weight_to_depth(w, c)
+            f = lambda: torch.nn.functional.conv2d(xs, ws)
+            g = lambda: torch.ops.aten.convolution_backward(
+                dy, xs, ws, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
+            print(f"| {dn} | space-to-depth, {c} channels, 4x4 | {kernel_us(f, iters):.1f}"
+                  f" | {kernel_us(g, iters):.1f} |", flush=True)
+            print(f"| {dn} | (the rearrangement, {c} channels) | {kernel_us(s2d, iters):.1f} | |",
+                  flush=True)
     # Zero channels change nothing: the padded convolution's output equals
     # the 3-channel one's.
     x = torch.randn(8, 3, 64, 64, device="cuda", dtype=torch.half).contiguous(memory_format=cl)
