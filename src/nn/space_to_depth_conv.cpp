@@ -70,20 +70,24 @@ at::Tensor input_to_depth(const at::Tensor& x, const Geometry& g) {
   return out.permute({0, 3, 1, 2}); // (N, C, H, W) sizes, NHWC memory
 }
 
-// The gradient of x from that of X2: the rearrangement undone, the padding
-// cut off.
-at::Tensor input_from_depth(
+// The rearrangement undone, for a gradient: (N, channels, h2, w2) back to
+// `like`'s sizes, its first rows and columns from `offset` (the padding)
+// on, in `like`'s layout. The input's gradient from X2's, and the weight's
+// from W2's (rows h2 = kh2, offset 0).
+at::Tensor from_depth(
     const at::Tensor& grad,
-    const at::Tensor& x,
-    const Geometry& g) {
-  const int64_t c = x.size(1);
+    const at::Tensor& like,
+    int64_t h2,
+    int64_t w2,
+    int64_t offset) {
+  const int64_t c = like.size(1);
   return grad.narrow(1, 0, 4 * c)
       .unflatten(1, {c, 2, 2}) // (n, c, r, s, I, J)
       .permute({0, 1, 4, 2, 5, 3}) // (n, c, I, r, J, s)
-      .reshape({x.size(0), c, 2 * g.h2, 2 * g.w2})
-      .narrow(2, g.pad, x.size(2))
-      .narrow(3, g.pad, x.size(3))
-      .contiguous(x.suggest_memory_format());
+      .reshape({like.size(0), c, 2 * h2, 2 * w2})
+      .narrow(2, offset, like.size(2))
+      .narrow(3, offset, like.size(3))
+      .contiguous(like.suggest_memory_format());
 }
 
 // W2 (Cout, channels, kh2, kw2), channels-last. See the Note.
@@ -99,20 +103,6 @@ at::Tensor weight_to_depth(const at::Tensor& w, const Geometry& g) {
     w2 = at::constant_pad_nd(w2, {0, 0, 0, 0, 0, g.channels - 4 * c});
   }
   return w2.contiguous(at::MemoryFormat::ChannelsLast);
-}
-
-at::Tensor weight_from_depth(
-    const at::Tensor& grad,
-    const at::Tensor& w,
-    const Geometry& g) {
-  const int64_t c = w.size(1);
-  return grad.narrow(1, 0, 4 * c)
-      .unflatten(1, {c, 2, 2}) // (o, c, r, s, a, b)
-      .permute({0, 1, 4, 2, 5, 3}) // (o, c, a, r, b, s)
-      .reshape({w.size(0), c, 2 * g.kh2, 2 * g.kw2})
-      .narrow(2, 0, w.size(2))
-      .narrow(3, 0, w.size(3))
-      .contiguous(w.suggest_memory_format());
 }
 
 class SpaceToDepthConvFunction
@@ -181,8 +171,8 @@ class SpaceToDepthConvFunction
         /*output_mask=*/{want_input, want_weight, false});
     (void)unused;
     return {
-        want_input ? input_from_depth(dx2, input, g) : at::Tensor(),
-        want_weight ? weight_from_depth(dw2, weight, g) : at::Tensor(),
+        want_input ? from_depth(dx2, input, g.h2, g.w2, g.pad) : at::Tensor(),
+        want_weight ? from_depth(dw2, weight, g.kh2, g.kw2, 0) : at::Tensor(),
         at::Tensor()};
   }
 };

@@ -13,14 +13,8 @@
 # 8 files).
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
-L=$OUT/l
-mkdir -p "$L"
-T0=$(date +%s)
-say() { echo "[issue26 $(($(date +%s) - T0))s] $*"; }
-export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
-OUT=$L bash tools/gpu/issue25.sh build || { tar czf "$OUT/logs.tgz" -C "$OUT" l; exit 1; }
-B=build-gpu
-R=$B/examples/resnet50_amp
+# shellcheck source=tools/gpu/ab.sh
+. tools/gpu/ab.sh
 
 say tests
 timeout 200 $B/tests/lamp_tests \
@@ -29,14 +23,6 @@ echo "tests exit $?"
 grep -E '^\[ +(FAILED|PASSED|SKIPPED) ' "$L/tests.log" | head -30
 
 say "A/B"
-ab() { # label, then resnet50_amp's flags
-  local label=$1
-  shift
-  timeout 120 $R --device cuda --channels-last --cuda-graph --steps "${STEPS:-60}" --warmup 10 \
-    "$@" --metrics "$L/ab_$label.jsonl" > "$L/ab_$label.log" 2>&1
-  echo "$label exit $? $(grep -o '"median_step_ms": [0-9.]*' "$L/ab_$label.jsonl" | tail -1)" \
-    "$(grep -o '"peak_memory_bytes": [0-9]*' "$L/ab_$label.jsonl" | tail -1)"
-}
 for i in 1 2; do
   ab "fp16_256_base$i" --precision fp16 --batch-size 256 --fused-bn --no-fused-tail
   ab "fp16_256_tail$i" --precision fp16 --batch-size 256 --fused-bn --fused-tail

@@ -13,15 +13,8 @@
 # curve_*.jsonl/.log) and prints a summary.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
-L=$OUT/l
-mkdir -p "$L"
-T0=$(date +%s)
-say() { echo "[issue26_stem $(($(date +%s) - T0))s] $*"; }
-export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
-OUT=$L bash tools/gpu/issue25.sh build ||
-  { tar czf "$OUT/logs.tgz" -C "$OUT" l; exit 1; }
-B=build-gpu
-R=$B/examples/resnet50_amp
+# shellcheck source=tools/gpu/ab.sh
+. tools/gpu/ab.sh
 
 say tests
 timeout 120 $B/tests/lamp_tests \
@@ -30,14 +23,6 @@ echo "tests exit $?"
 grep -E '^\[ +(FAILED|PASSED|SKIPPED) |mean error' "$L/tests.log" | head -20
 
 say "A/B"
-ab() { # label, then resnet50_amp's flags
-  local label=$1
-  shift
-  timeout 120 $R --device cuda --channels-last --cuda-graph --steps "${STEPS:-60}" --warmup 10 \
-    "$@" --metrics "$L/ab_$label.jsonl" > "$L/ab_$label.log" 2>&1
-  echo "$label exit $? $(grep -o '"median_step_ms": [0-9.]*' "$L/ab_$label.jsonl" | tail -1)" \
-    "$(grep -o '"peak_memory_bytes": [0-9]*' "$L/ab_$label.jsonl" | tail -1)"
-}
 for i in 1 2; do
   ab "bf16_256_s2d$i" --precision bf16 --batch-size 256 --s2d-stem
   ab "bf16_256_conv$i" --precision bf16 --batch-size 256
