@@ -145,7 +145,15 @@ class SpaceToDepthConvFunction
     const at::Tensor& weight = saved[1];
     const Geometry g =
         geometry(input, weight, ctx->saved_data["padding"].toInt());
-    const auto x2 = input_to_depth(input, g);
+    const bool want_input = ctx->needs_input_grad(0);
+    const bool want_weight = ctx->needs_input_grad(1);
+    // X2's values only for the weight gradient; the input gradient needs
+    // its sizes alone.
+    const auto x2 = want_weight
+        ? input_to_depth(input, g)
+        : at::empty(
+              {input.size(0), g.channels, g.h2, g.w2},
+              input.options().memory_format(at::MemoryFormat::ChannelsLast));
     const auto w2 = weight_to_depth(weight, g);
     // The cut-off row or column (see the Note) had no gradient. NOTE:
     // padded only then: constant_pad_nd copies even when it pads nothing.
@@ -155,8 +163,6 @@ class SpaceToDepthConvFunction
                          ? at::constant_pad_nd(grad, {0, cut_w, 0, cut_h})
                          : grad)
                         .contiguous(at::MemoryFormat::ChannelsLast);
-    const bool want_input = ctx->needs_input_grad(0);
-    const bool want_weight = ctx->needs_input_grad(1);
     auto [dx2, dw2, unused] = at::convolution_backward(
         dy,
         x2,

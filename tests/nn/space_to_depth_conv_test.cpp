@@ -96,10 +96,14 @@ TEST(SpaceToDepthConv, GradientsKeepTheOperandsLayouts) {
   const Result got = run(x, w, 1, /*rearranged=*/true, dy);
   EXPECT_TRUE(got.input.is_contiguous(torch::MemoryFormat::ChannelsLast));
   EXPECT_TRUE(got.weight.is_contiguous());
-  // Only the weight needs a gradient: the input's is not computed.
+  // Only the weight needs a gradient: the input's is not computed; and
+  // the other way round.
   auto weight = w.clone().requires_grad_(true);
   lamp::nn::space_to_depth_conv2d(x, weight, 1).backward(dy);
   EXPECT_LT(max_diff(weight.grad(), got.weight), 1e-12);
+  auto input = x.clone().requires_grad_(true);
+  lamp::nn::space_to_depth_conv2d(input, w, 1).backward(dy);
+  EXPECT_LT(max_diff(input.grad(), got.input), 1e-12);
 }
 
 TEST(SpaceToDepthConv, BadArgumentsAreClearErrors) {
