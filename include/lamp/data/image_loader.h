@@ -89,8 +89,8 @@ struct LAMP_API ImageLoaderOptions {
   /// (nvJPEG's engines finish a batch at once, the threads one row at a
   /// time): on an H200, ResNet-50 at bs256 waited 14 % of its step on
   /// photographs with 2 and 1.6 % with 4; on large photographs (the hard
-  /// benchmark set) it ran 13 % slower than on synthetic data with 4 and
-  /// 4 % with 8. Each costs a pinned host batch and at most one device
+  /// benchmark set) it ran 13-18 % slower than on synthetic data with 4
+  /// and 2-6 % with 8. Each costs a pinned host batch and at most one device
   /// batch (bs256 224x224: 38.5 MB host, 77 MB fp16 on the device).
   /// Default: 8.
   TORCH_ARG(int64_t, prefetch) = 8;
