@@ -1,10 +1,16 @@
 #include <lamp/nn/space_to_depth_conv.h>
 
+#include <lamp/config.h>
+
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include <cstdint>
+
+#if LAMP_WITH_CUDA
+#include "space_to_depth_cuda.h"
+#endif
 
 namespace lamp::nn {
 namespace {
@@ -48,8 +54,19 @@ Geometry geometry(
   return g;
 }
 
-// X2 (N, channels, h2, w2), channels-last. See the Note.
-at::Tensor input_to_depth(const at::Tensor& x, const Geometry& g) {
+// X2 (N, channels, h2, w2) in `dtype`, channels-last. See the Note. On
+// CUDA one kernel (the cast included); elsewhere ATen's ops.
+at::Tensor input_to_depth(
+    const at::Tensor& input,
+    const Geometry& g,
+    at::ScalarType dtype) {
+#if LAMP_WITH_CUDA
+  if (auto x2 = detail::cuda_input_to_depth(
+          input, g.pad, g.h2, g.w2, g.channels, dtype)) {
+    return *x2;
+  }
+#endif
+  const auto x = input.to(dtype);
   const int64_t n = x.size(0);
   const int64_t c = x.size(1);
   const auto padded = at::constant_pad_nd(
@@ -116,11 +133,14 @@ class SpaceToDepthConvFunction
     ctx->set_materialize_grads(false);
     // NOTE: the input, not X2: X2 is larger (16 channels for 3, a padded
     // border) and backward makes it again in one pass; the input is kept by
-    // its caller anyway.
+    // its caller anyway. It may be of another dtype than the weight (the
+    // autocast case: the rearrangement casts it, so no cast copy exists).
     ctx->save_for_backward({input, weight});
     ctx->saved_data["padding"] = padding;
     const Geometry g = geometry(input, weight, padding);
-    auto out = at::conv2d(input_to_depth(input, g), weight_to_depth(weight, g));
+    auto out = at::conv2d(
+        input_to_depth(input, g, weight.scalar_type()),
+        weight_to_depth(weight, g));
     if (out.size(2) != g.out_h || out.size(3) != g.out_w) {
       out = out.narrow(2, 0, g.out_h)
                 .narrow(3, 0, g.out_w)
@@ -150,10 +170,10 @@ class SpaceToDepthConvFunction
     // X2's values only for the weight gradient; the input gradient needs
     // its sizes alone.
     const auto x2 = want_weight
-        ? input_to_depth(input, g)
+        ? input_to_depth(input, g, weight.scalar_type())
         : at::empty(
               {input.size(0), g.channels, g.h2, g.w2},
-              input.options().memory_format(at::MemoryFormat::ChannelsLast));
+              weight.options().memory_format(at::MemoryFormat::ChannelsLast));
     const auto w2 = weight_to_depth(weight, g);
     // The cut-off row or column (see the Note) had no gradient. NOTE:
     // padded only then: constant_pad_nd copies even when it pads nothing.
@@ -177,7 +197,9 @@ class SpaceToDepthConvFunction
         /*output_mask=*/{want_input, want_weight, false});
     (void)unused;
     return {
-        want_input ? from_depth(dx2, input, g.h2, g.w2, g.pad) : at::Tensor(),
+        want_input
+            ? from_depth(dx2, input, g.h2, g.w2, g.pad).to(input.scalar_type())
+            : at::Tensor(),
         want_weight ? from_depth(dw2, weight, g.kh2, g.kw2, 0) : at::Tensor(),
         at::Tensor()};
   }
@@ -214,32 +236,38 @@ torch::Tensor space_to_depth_conv2d(
       "x",
       input.size(3),
       "); pass a larger input or padding");
-  at::Tensor x = input;
+  // As torch::conv2d under autocast: both operands in the autocast dtype
+  // (fp64 stays, as autocast's casts leave it). NOTE: the weight is cast
+  // here (autocast caches that cast); the input in the rearrangement, which
+  // reads it once either way.
+  at::ScalarType dtype = input.scalar_type();
   at::Tensor w = weight;
-  // As torch::conv2d under autocast: both operands in the autocast dtype.
   const auto device = input.device().type();
   if (at::autocast::is_autocast_enabled(device) &&
       at::autocast::is_autocast_eligible(input, device)) {
-    const auto dtype = at::autocast::get_autocast_dtype(device);
-    x = at::autocast::cached_cast(dtype, input, device);
-    w = at::autocast::cached_cast(dtype, weight, device);
+    const auto autocast_dtype = at::autocast::get_autocast_dtype(device);
+    if (dtype != at::kDouble) {
+      dtype = autocast_dtype;
+    }
+    w = at::autocast::cached_cast(autocast_dtype, weight, device);
   }
   TORCH_CHECK_VALUE(
-      x.is_floating_point() && w.scalar_type() == x.scalar_type() &&
-          w.device() == x.device(),
+      input.is_floating_point() && w.scalar_type() == dtype &&
+          w.device() == input.device(),
       "lamp::nn::space_to_depth_conv2d: input and weight must be floating "
       "point of one dtype on one device, got ",
-      x.scalar_type(),
+      input.scalar_type(),
       " on ",
-      x.device(),
+      input.device(),
       " and ",
       w.scalar_type(),
       " on ",
       w.device());
-  // NOTE: both operands are cast already; autocast would cast nothing more.
+  // NOTE: the weight is cast already, the input is cast by the
+  // rearrangement; autocast would cast nothing more.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(
       c10::autocast_dispatch_keyset);
-  return SpaceToDepthConvFunction::apply(x, w, padding);
+  return SpaceToDepthConvFunction::apply(input, w, padding);
 }
 
 } // namespace lamp::nn

@@ -8,11 +8,16 @@
 #include "support.h"
 
 #include <lamp/autocast.h>
+#include <lamp/config.h>
 #include <lamp/nn/space_to_depth_conv.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <vector>
+
+#if LAMP_WITH_CUDA
+#include "nn/space_to_depth_cuda.h"
+#endif
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
 // build (LAMP_UNITY_BUILD), and file-local names of different files
@@ -126,6 +131,35 @@ TEST(SpaceToDepthConv, BadArgumentsAreClearErrors) {
       c10::ValueError);
 }
 
+// Under autocast the input is cast in the rearrangement, not before it:
+// the same output and gradients as for the input cast first, the input's
+// gradient in the input's dtype.
+void expect_autocast_casts_the_input(torch::Device device, torch::Dtype dtype) {
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions(device);
+  const auto x = torch::randn({2, 3, 19, 18}, opts)
+                     .contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto w = torch::randn({8, 3, 7, 7}, opts) * 0.1;
+  const auto dy = torch::randn({2, 8, 10, 9}, opts).to(dtype);
+  Result got, cast_first;
+  {
+    lamp::AutocastGuard autocast(device.type(), dtype);
+    got = run(x, w, 3, /*rearranged=*/true, dy);
+    cast_first = run(x.to(dtype), w, 3, /*rearranged=*/true, dy);
+  }
+  EXPECT_EQ(got.out.scalar_type(), dtype);
+  EXPECT_TRUE(torch::equal(got.out, cast_first.out));
+  EXPECT_EQ(got.input.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(got.input.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(torch::equal(got.input, cast_first.input.to(torch::kFloat)));
+  EXPECT_EQ(got.weight.scalar_type(), torch::kFloat);
+  EXPECT_LT(max_diff(got.weight, cast_first.weight), 1e-6);
+}
+
+TEST(SpaceToDepthConv, AutocastCastsTheInputInTheRearrangement) {
+  expect_autocast_casts_the_input(torch::kCPU, torch::kBFloat16);
+}
+
 TEST(SpaceToDepthConv, NoDoubleBackward) {
   auto x = torch::randn({1, 3, 8, 8}, torch::requires_grad());
   auto w = torch::randn({4, 3, 3, 3}, torch::requires_grad());
@@ -137,6 +171,73 @@ TEST(SpaceToDepthConv, NoDoubleBackward) {
 }
 
 class SpaceToDepthConvGpu : public lamp::test::GpuTest {};
+
+#if LAMP_WITH_CUDA
+// The CUDA kernel's rearrangement (pad, cast, space-to-depth, zero
+// channels) equals ATen's ops bit for bit: every dtype pair, three input
+// layouts, channel counts with and without zero channels, odd sizes.
+TEST_F(SpaceToDepthConvGpu, KernelEqualsPaddedPixelUnshuffle) {
+  torch::manual_seed(4);
+  struct Case {
+    int64_t n, c, h, w, pad;
+  };
+  const std::vector<Case> cases = {
+      {2, 3, 9, 11, 3}, {1, 1, 8, 8, 0}, {3, 4, 7, 6, 2}, {2, 5, 5, 5, 1}};
+  const std::vector<torch::Dtype> dtypes = {
+      torch::kFloat, torch::kHalf, torch::kBFloat16};
+  for (const Case& c : cases) {
+    for (const auto in : dtypes) {
+      for (const auto out : dtypes) {
+        for (int layout = 0; layout < 3; ++layout) {
+          SCOPED_TRACE(
+              "C " + std::to_string(c.c) + " " + std::to_string(c.h) + "x" +
+              std::to_string(c.w) + " pad " + std::to_string(c.pad) +
+              " layout " + std::to_string(layout) + " in " + c10::toString(in) +
+              " out " + c10::toString(out));
+          auto x = torch::randn({c.n, c.c, c.h, c.w + 1}, torch::kCUDA)
+                       .mul(100)
+                       .to(in);
+          // NCHW, NHWC, and a view with a column cut off (no dense layout).
+          x = layout == 0   ? x.narrow(3, 0, c.w).contiguous()
+              : layout == 1 ? x.narrow(3, 0, c.w).contiguous(
+                                  torch::MemoryFormat::ChannelsLast)
+                            : x.narrow(3, 1, c.w);
+          const int64_t h2 = (c.h + 2 * c.pad + 1) / 2;
+          const int64_t w2 = (c.w + 2 * c.pad + 1) / 2;
+          const int64_t channels = (4 * c.c + 7) / 8 * 8;
+          const auto got = lamp::nn::detail::cuda_input_to_depth(
+              x, c.pad, h2, w2, channels, out);
+          ASSERT_TRUE(got.has_value());
+          auto ref = torch::pixel_unshuffle(
+              torch::constant_pad_nd(
+                  x.to(out),
+                  {c.pad, 2 * w2 - c.w - c.pad, c.pad, 2 * h2 - c.h - c.pad}),
+              2);
+          ref =
+              torch::constant_pad_nd(ref, {0, 0, 0, 0, 0, channels - 4 * c.c});
+          ASSERT_EQ(got->sizes(), ref.sizes());
+          EXPECT_EQ(got->scalar_type(), out);
+          EXPECT_TRUE(got->is_contiguous(torch::MemoryFormat::ChannelsLast));
+          EXPECT_TRUE(torch::equal(*got, ref));
+        }
+      }
+    }
+  }
+  // Not for it: fp64, or too few channels for the rearrangement.
+  const auto x = torch::randn({1, 3, 4, 4}, torch::kCUDA);
+  EXPECT_FALSE(lamp::nn::detail::cuda_input_to_depth(
+                   x.to(torch::kDouble), 0, 2, 2, 16, torch::kFloat)
+                   .has_value());
+  EXPECT_FALSE(
+      lamp::nn::detail::cuda_input_to_depth(x, 0, 2, 2, 8, torch::kFloat)
+          .has_value());
+}
+#endif
+
+TEST_F(SpaceToDepthConvGpu, AutocastCastsTheInputInTheRearrangement) {
+  expect_autocast_casts_the_input(torch::kCUDA, torch::kBFloat16);
+  expect_autocast_casts_the_input(torch::kCUDA, torch::kHalf);
+}
 
 // ResNet-50's stem (3 -> 64, 7x7, stride 2, padding 3) in bf16 under
 // autocast, channels-last: output and gradients no further from float64
