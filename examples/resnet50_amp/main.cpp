@@ -109,13 +109,20 @@ bool use_fused_tail(
   return fused_bn && precision.amp;
 }
 
-// --s2d-stem (off by default): the stem's convolution rearranged. On an
-// H200 cuDNN's bf16 kernels for the stem's 3-channel input took 2.9 ms a
-// step at batch 256 (forward and weight gradient), rearranged 1.1 ms plus
-// the rearrangement (fp16 gains nothing; benchmarks/README.md, "where bf16
-// loses"); the whole step is not measured yet.
-bool use_s2d_stem(const Options& opt) {
-  return opt.s2d_stem && !opt.no_s2d_stem;
+// --s2d-stem / --no-s2d-stem, else on with the fused model in bf16: the
+// stem's convolution rearranged. On an H200 at batch 256 cuDNN's bf16
+// kernels for the stem's 3-channel input take 2.9 ms a step (forward and
+// weight gradient), rearranged 1.1 ms plus the rearrangement; the graphed
+// step gained 0.7 ms with ATen's rearrangement (fp16 lost 1.0 ms: its
+// 3-channel kernels are fast). See benchmarks/README.md, "where bf16 loses".
+bool use_s2d_stem(
+    const Options& opt,
+    bool fused_bn,
+    const examples::Precision& precision) {
+  if (opt.s2d_stem || opt.no_s2d_stem) {
+    return opt.s2d_stem;
+  }
+  return fused_bn && precision.dtype == torch::kBFloat16;
 }
 
 void to_channels_last(torch::nn::Module& model) {
@@ -139,7 +146,7 @@ Result train(
   torch::manual_seed(opt.seed);
   const bool fused_bn = use_fused_bn(opt, device, precision);
   const bool fused_tail = use_fused_tail(opt, fused_bn, precision);
-  const bool s2d_stem = use_s2d_stem(opt);
+  const bool s2d_stem = use_s2d_stem(opt, fused_bn, precision);
   // NOTE: with the fused model, single-process (under DDP it would hold
   // every gradient back to the end of backward; see lamp/cast_weights.h).
   const bool cast_weights =
@@ -457,12 +464,13 @@ int main(int argc, char** argv) {
       "--s2d-stem",
       opt.s2d_stem,
       "the stem's convolution as lamp::nn::space_to_depth_conv2d (a stride-1 "
-      "convolution of the input's 2x2 space-to-depth; same result; for bf16, "
-      "where cuDNN's 3-channel kernels are slow; default: off)");
+      "convolution of the input's 2x2 space-to-depth; same result; default: "
+      "on with the fused model in bf16, where cuDNN's 3-channel kernels are "
+      "slow)");
   app.add_flag(
          "--no-s2d-stem",
          opt.no_s2d_stem,
-         "the stem's convolution as conv1 (the default)")
+         "the stem's convolution as conv1 (the default but in fused bf16)")
       ->excludes(s2d);
   app.add_flag(
       "--no-cast-weights",
