@@ -112,9 +112,9 @@ bool use_fused_tail(
 // --s2d-stem / --no-s2d-stem, else on with the fused model in bf16: the
 // stem's convolution rearranged. On an H200 at batch 256 cuDNN's bf16
 // kernels for the stem's 3-channel input take 2.9 ms a step (forward and
-// weight gradient), rearranged 1.1 ms plus the rearrangement; the graphed
-// step gained 0.7 ms with ATen's rearrangement (fp16 lost 1.0 ms: its
-// 3-channel kernels are fast). See benchmarks/README.md, "where bf16 loses".
+// weight gradient), rearranged 1.1 ms plus lamp's rearrangement kernel:
+// the graphed step 1.2 ms faster (fp16 0.5 ms slower: its 3-channel
+// kernels are fast). See benchmarks/README.md, "the rearranged stem".
 bool use_s2d_stem(
     const Options& opt,
     bool fused_bn,

