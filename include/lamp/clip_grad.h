@@ -3,6 +3,10 @@
 // Gradient clipping that returns the norm as a device tensor: Python's
 // torch.nn.utils clip_grad_norm_, get_total_norm, clip_grads_with_norm_ and
 // clip_grad_value_ (torch 2.11, torch/nn/utils/clip_grad.py), op for op.
+//
+// One tensor is one tensor: a tensor listed more than once (a weight shared
+// by two modules, which LibTorch's `parameters()` lists once per name) is
+// counted and clipped once, as Python's `parameters()` lists it once.
 
 #include <torch/types.h>
 

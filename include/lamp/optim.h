@@ -8,6 +8,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -20,9 +21,21 @@ namespace lamp::optim {
 /// `lamp::GradScaler::step` hands such an optimizer the scale and the
 /// inf/NaN flag instead of reading the flag on the host, so a mixed-precision
 /// step needs no host synchronisation.
+///
+/// One tensor is one parameter: a tensor listed more than once in a param
+/// group (a weight shared by two modules, which LibTorch's `parameters()`
+/// lists once per name) is kept once, with a warning, and a tensor in two
+/// groups is an error (`c10::ValueError`), as in Python, where
+/// `model.parameters()` lists a shared weight once.
 class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
  public:
-  using torch::optim::Optimizer::Optimizer;
+  FusedOptimizer(
+      const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+      std::unique_ptr<torch::optim::OptimizerOptions> defaults);
+
+  /// `torch::optim::Optimizer::add_param_group` with each tensor once (see
+  /// above); throws `c10::ValueError` if a tensor is already in a group.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
   /// Runs `closure` (if any) with gradients enabled, then one plain step.
   torch::Tensor step(LossClosure closure = nullptr) override;

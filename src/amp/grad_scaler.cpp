@@ -6,6 +6,7 @@
 
 #include "../optim/fused_clip_grad.h"
 #include "../optim/multi_tensor.h"
+#include "../optim/unique_params.h"
 #include "non_finite_check.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
@@ -160,8 +161,10 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
   };
   std::vector<Group> groups;
   torch::NoGradGuard no_grad;
-  for (auto& param_group : optimizer.param_groups()) {
-    for (auto& param : param_group.params()) {
+  // One tensor is one parameter: a tied weight is unscaled once.
+  for (const auto& params :
+       detail::unique_group_params(optimizer, "lamp::GradScaler")) {
+    for (const auto& param : params) {
       auto& grad = param.mutable_grad();
       if (!grad.defined()) {
         continue;

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 namespace lamp {
@@ -153,13 +154,42 @@ c10::impl::GenericDict detail::detach_from_live_tensors(const Dict& dict) {
   // NOTE: a tensor that state_dict() copied from a device has its storage
   // to itself; one that something else also holds is a live tensor (a CPU
   // parameter, buffer or optimizer state) that the next step changes.
+  // A tensor listed twice (a tied weight's two names) is held by the dict
+  // twice: only holders beyond those make it shared (counted before any
+  // copy of the dict holds it too), and it is copied once, so that the two
+  // names still share one storage in the file.
+  struct Seen {
+    size_t listed = 0;
+    long holders = 0; // use_count() at first sight
+    at::Tensor copy;
+  };
+  std::unordered_map<const c10::TensorImpl*, Seen> seen;
+  plain_copy(dict, [&](const at::Tensor& t) -> c10::IValue {
+    if (t.defined()) {
+      auto& s = seen[t.unsafeGetTensorImpl()];
+      if (s.listed++ == 0) {
+        s.holders = static_cast<long>(t.use_count());
+      }
+    }
+    return c10::IValue(); // this pass only counts
+  });
   return plain_copy(
              dict,
-             [](const at::Tensor& t) -> c10::IValue {
-               const bool shared = t.defined() &&
-                   (t.use_count() > 1 ||
-                    (t.has_storage() && t.storage().use_count() > 1));
-               return shared ? t.clone() : t;
+             [&](const at::Tensor& t) -> c10::IValue {
+               if (!t.defined()) {
+                 return t;
+               }
+               auto& s = seen[t.unsafeGetTensorImpl()];
+               const bool shared =
+                   s.holders > static_cast<long>(s.listed) ||
+                   (t.has_storage() && t.storage().use_count() > 1);
+               if (!shared) {
+                 return t;
+               }
+               if (!s.copy.defined()) {
+                 s.copy = t.clone();
+               }
+               return s.copy;
              })
       .toGenericDict();
 }

@@ -6,6 +6,7 @@
 
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,9 +39,18 @@ std::string shape_string(c10::IntArrayRef sizes) {
 
 c10::impl::GenericDict module_state_dict(const torch::nn::Module& module) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  // NOTE: a tensor under two names (a tied weight) is copied once and the
+  // copy listed under both, so that the file holds one storage for it and
+  // Python's torch.load gives two names for one tensor, as it does for a
+  // state_dict saved by Python.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
   for (const auto& [name, tensor] : entries(module)) {
     if (tensor.defined()) {
-      dict.insert(name, host_copy(tensor));
+      auto& copy = copies[tensor.unsafeGetTensorImpl()];
+      if (!copy.defined()) {
+        copy = host_copy(tensor);
+      }
+      dict.insert(name, copy);
     }
   }
   return dict;

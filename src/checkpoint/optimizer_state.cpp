@@ -4,6 +4,7 @@
 // NOTE: over 500 lines for one concern: each optimizer's save, check and
 // load side by side, so that the three stay in step per optimizer.
 
+#include "../optim/unique_params.h"
 #include "state_dict.h"
 
 #include <lamp/optim.h>
@@ -134,7 +135,10 @@ Layout layout(const Optimizer& optimizer, const c10::IValue& value) {
   const auto& groups = get(dict, "param_groups");
   TORCH_CHECK(groups.isList(), "'param_groups' should be a list");
   const auto& saved = groups.toListRef();
-  const auto& live = optimizer.param_groups();
+  // Each tensor once, as Python's optimizer lists it (a tied weight that a
+  // LibTorch optimizer lists twice has one state and one id).
+  const auto live =
+      unique_group_params(optimizer, "lamp::load_checkpoint (optimizer)");
   TORCH_CHECK(
       saved.size() == live.size(),
       "the checkpoint has ",
@@ -150,17 +154,17 @@ Layout layout(const Optimizer& optimizer, const c10::IValue& value) {
     TORCH_CHECK(ids.isList(), "param group ", g, ": 'params' is no list");
     const auto& list = ids.toListRef();
     TORCH_CHECK(
-        list.size() == live[g].params().size(),
+        list.size() == live[g].size(),
         "param group ",
         g,
         " has ",
         list.size(),
         " parameters in the checkpoint and ",
-        live[g].params().size(),
+        live[g].size(),
         " in the optimizer");
     for (size_t i = 0; i < list.size(); ++i) {
       TORCH_CHECK(list[i].isInt(), "param group ", g, ": an id is no int");
-      out.params[list[i].toInt()] = live[g].params()[i];
+      out.params[list[i].toInt()] = live[g][i];
     }
   }
   const auto& state = get(dict, "state");
@@ -250,10 +254,12 @@ void save_groups(
     Dict& state,
     c10::impl::GenericList& groups) {
   int64_t id = 0;
-  for (const auto& group : o.param_groups()) {
-    Dict g = group_dict(group.options());
+  const auto params =
+      unique_group_params(o, "lamp::save_checkpoint (optimizer)");
+  for (size_t index = 0; index < params.size(); ++index) {
+    Dict g = group_dict(o.param_groups()[index].options());
     c10::impl::GenericList ids(c10::AnyType::get());
-    for (const auto& p : group.params()) {
+    for (const auto& p : params[index]) {
       ids.push_back(id);
       const auto it = o.state().find(p.unsafeGetTensorImpl());
       if (it != o.state().end()) {

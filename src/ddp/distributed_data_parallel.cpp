@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#include <unordered_set>
+
 namespace lamp {
 
 struct DistributedDataParallel::Impl {
@@ -54,18 +56,27 @@ DistributedDataParallel::DistributedDataParallel(
   impl.module = std::move(module);
   impl.pg = std::move(process_group);
   impl.options = std::move(options);
+  // NOTE: each tensor once, under its first name, as Python's
+  // named_parameters() (remove_duplicate=True): LibTorch lists a weight
+  // shared by two modules once per name, and the reducer would wait for a
+  // second gradient of it that never comes.
+  std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   for (const auto& item : impl.module->named_parameters()) {
-    if (item.value().requires_grad()) {
+    if (item.value().requires_grad() &&
+        seen.insert(item.value().unsafeGetTensorImpl()).second) {
       names.push_back(item.key());
       params.push_back(item.value());
     }
   }
   std::vector<std::string> buffer_names;
   for (const auto& item : impl.module->named_buffers()) {
-    buffer_names.push_back(item.key());
-    impl.buffers.push_back(item.value());
+    if (item.value().defined() &&
+        seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      buffer_names.push_back(item.key());
+      impl.buffers.push_back(item.value());
+    }
   }
   auto& pg = *impl.pg;
   if (pg.world_size() == 1) {

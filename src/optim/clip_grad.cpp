@@ -3,6 +3,7 @@
 #include "fused_clip_grad.h"
 #include "multi_tensor.h"
 #include "python_repr.h"
+#include "unique_params.h"
 
 #include <ATen/native/ForeachUtils.h>
 #include <ATen/ops/_foreach_clamp_max.h>
@@ -37,6 +38,9 @@
 //   which is `reciprocal() * max_norm`, not a division;
 // - scalars are passed as doubles, as Python passes its floats.
 // Departures:
+// - a tensor listed more than once (a weight shared by two modules, which
+//   LibTorch's parameters() lists once per name) counts and is scaled once,
+//   as it is in Python, whose parameters() lists it once;
 // - during CUDA graph capture, the in-place foreach ops (the clip's
 //   multiplication and clamps) get their tensors in slices through
 //   detail::launch_multi_tensor. Same elements, same arithmetic, same
@@ -117,11 +121,14 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& norms) {
       {static_cast<int64_t>(norms.size())}, {1}, first.storage_offset());
 }
 
+// The gradients of `parameters`, each tensor once: a weight shared by two
+// modules, which LibTorch's parameters() lists twice, is counted and scaled
+// once (Python's parameters() lists it once).
 std::vector<torch::Tensor> grads_of(
     const std::vector<torch::Tensor>& parameters) {
   std::vector<torch::Tensor> grads;
   grads.reserve(parameters.size());
-  for (const auto& p : parameters) {
+  for (const auto& p : detail::unique_tensors(parameters)) {
     if (p.grad().defined()) {
       grads.push_back(p.grad());
     }
@@ -146,7 +153,9 @@ torch::Tensor get_total_norm(
   const c10::Scalar ord(norm_type);
   std::vector<torch::Tensor> norms;
   norms.reserve(tensors.size());
-  for (auto& [device, group] : group_by_device_and_dtype(tensors)) {
+  // A tensor listed twice is counted once.
+  for (auto& [device, group] :
+       group_by_device_and_dtype(detail::unique_tensors(tensors))) {
     if (use_foreach(foreach, device)) {
       for (auto& norm : at::_foreach_norm(group, ord)) {
         norms.push_back(std::move(norm));

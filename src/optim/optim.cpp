@@ -3,6 +3,7 @@
 #include <lamp/config.h>
 
 #include "multi_tensor.h"
+#include "unique_params.h"
 
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_fused_adam.h>
@@ -95,11 +96,12 @@ void fused_adam_step(
     const std::optional<torch::Tensor>& grad_scale,
     const std::optional<torch::Tensor>& found_inf) {
   torch::NoGradGuard no_grad;
+  const auto params = lamp::detail::unique_group_params(self, name);
   for (size_t g = 0; g < self.param_groups().size(); ++g) {
     auto& group = self.param_groups()[g];
     auto& options = static_cast<Options&>(group.options());
     std::vector<Bucket> buckets;
-    for (auto& param : group.params()) {
+    for (const auto& param : params[g]) {
       const auto& grad = param.grad();
       if (!grad.defined()) {
         continue;
@@ -215,6 +217,23 @@ void check_adam_options(const Options& defaults) {
 }
 
 } // namespace
+
+FusedOptimizer::FusedOptimizer(
+    const std::vector<OptimizerParamGroup>& param_groups,
+    std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : torch::optim::Optimizer(
+          lamp::detail::unique_param_groups(
+              param_groups, "lamp::optim::FusedOptimizer"),
+          std::move(defaults)) {}
+
+void FusedOptimizer::add_param_group(const OptimizerParamGroup& param_group) {
+  std::vector<OptimizerParamGroup> all(
+      param_groups().begin(), param_groups().end());
+  all.push_back(param_group);
+  auto unique = lamp::detail::unique_param_groups(
+      all, "lamp::optim::FusedOptimizer::add_param_group");
+  torch::optim::Optimizer::add_param_group(unique.back());
+}
 
 void FusedOptimizer::sync_device_lr() {
   torch::NoGradGuard no_grad;
@@ -382,13 +401,14 @@ void FusedSGD::step_scaled(
     const std::optional<torch::Tensor>& found_inf) {
   const char* name = "lamp::optim::FusedSGD";
   torch::NoGradGuard no_grad;
+  const auto params = lamp::detail::unique_group_params(*this, name);
   for (size_t g = 0; g < param_groups().size(); ++g) {
     auto& group = param_groups()[g];
     auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
     const bool momentum = options.momentum() != 0;
     std::vector<Bucket> buckets;
     bool is_first_step = momentum;
-    for (auto& param : group.params()) {
+    for (const auto& param : params[g]) {
       const auto& grad = param.grad();
       if (!grad.defined()) {
         continue;
