@@ -122,9 +122,9 @@ LAMP_API void clip_grads_with_norm_(
 ///
 /// `foreach` as in `get_total_norm`, with one addition: left at nullopt,
 /// with `norm_type` 2 and `error_if_nonfinite` false, CUDA gradients (one
-/// device; fp32, fp16 or bf16; dense; up to 176 of them) are clipped by
-/// lamp's own two kernels, a sum of squares and a scale, instead of ATen's
-/// seven or eight (`_foreach_norm`, the norm of the norms, the coefficient's
+/// device; fp32, fp16 or bf16; dense; any number of them) are clipped by
+/// lamp's own two kernels, a sum of squares and a scale (two more for each
+/// further 176 gradients), instead of ATen's seven or eight (`_foreach_norm`, the norm of the norms, the coefficient's
 /// arithmetic, `_foreach_mul_`): a graphed step pays each kernel's launch.
 /// They sum in fp32 in another order, so the norm and the gradients equal
 /// Python's within fp32 rounding rather than bit for bit; pass

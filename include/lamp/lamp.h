@@ -18,6 +18,8 @@
 #include <lamp/nn/batch_count.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
+#include <lamp/nn/linear.h>
+#include <lamp/nn/linear_cross_entropy.h>
 #include <lamp/nn/max_pool.h>
 #include <lamp/nn/space_to_depth_conv.h>
 #include <lamp/optim.h>

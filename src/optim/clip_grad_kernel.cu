@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <vector>
+
 namespace lamp::detail {
 namespace {
 
@@ -303,8 +305,9 @@ __global__ void __launch_bounds__(kThreads) unscale_sum_squares_kernel(
   }
 }
 
-// Second kernel: every block sums all partials (the same sum in every
-// block), block 0 writes the norm, and each block scales its span.
+// Second kernel: every block sums all partials (every list's: the same sum
+// in every block), block 0 writes the norm (unless `norm_out` is null: the
+// first list's launch writes it), and each block scales its span.
 __global__ void __launch_bounds__(kThreads) scale_kernel(
     ClipList list,
     int64_t chunk,
@@ -325,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(
     // (a NaN stays NaN, as at::clamp keeps it).
     const float coef = (1.f / (norm + 1e-6f)) * max_norm;
     coef_shared = coef > 1.f ? 1.f : coef;
-    if (blockIdx.x == 0) {
+    if (blockIdx.x == 0 && norm_out != nullptr) {
       store(reinterpret_cast<uintptr_t>(norm_out), norm_format, norm);
     }
   }
@@ -349,106 +352,160 @@ int64_t span_bytes(const ClipList& list, int t) {
   return static_cast<int64_t>(begin + list.bytes[t] - (begin & ~uintptr_t{15}));
 }
 
-int64_t chunk_of(const ClipList& list) {
+// One chunk size (bytes a block) for all the lists, so that a tensor's
+// blocks and their partials do not depend on which list it is in.
+int64_t chunk_of(const ClipList* lists, int count) {
   int64_t total = 0;
-  for (int t = 0; t < list.count; ++t) {
-    total += span_bytes(list, t);
+  for (int l = 0; l < count; ++l) {
+    for (int t = 0; t < lists[l].count; ++t) {
+      total += span_bytes(lists[l], t);
+    }
   }
   int64_t chunk = (total + kTargetBlocks - 1) / kTargetBlocks;
   chunk = (chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
   return chunk < kMinChunk ? kMinChunk : chunk;
 }
 
-// Sets list.first_block; returns the chunk and the number of blocks.
-int64_t lay_out(ClipList& list, int64_t& blocks) {
-  const int64_t chunk = chunk_of(list);
-  blocks = 0;
-  for (int t = 0; t < list.count; ++t) {
-    list.first_block[t] = static_cast<int32_t>(blocks);
-    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
+// Sets each list's first_block; returns the chunk, each list's first
+// partial in `offsets` (count + 1 entries: the last is the total).
+int64_t lay_out(ClipList* lists, int count, int64_t* offsets) {
+  const int64_t chunk = chunk_of(lists, count);
+  int64_t all = 0;
+  for (int l = 0; l < count; ++l) {
+    offsets[l] = all;
+    int64_t blocks = 0;
+    for (int t = 0; t < lists[l].count; ++t) {
+      lists[l].first_block[t] = static_cast<int32_t>(blocks);
+      blocks += (span_bytes(lists[l], t) + chunk - 1) / chunk;
+    }
+    all += blocks;
   }
+  offsets[count] = all;
   return chunk;
+}
+
+// Whether the lists can be launched: at least one, none empty.
+bool valid(const ClipList* lists, int count) {
+  if (count <= 0) {
+    return false;
+  }
+  for (int l = 0; l < count; ++l) {
+    if (lists[l].count <= 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Runs `launch(list, grid, offset)` for each list, then checks the launches.
+template <typename Launch>
+cudaError_t each_list(ClipList* lists, int count, const Launch& launch) {
+  std::vector<int64_t> offsets(count + 1);
+  const int64_t chunk = lay_out(lists, count, offsets.data());
+  for (int l = 0; l < count; ++l) {
+    launch(
+        lists[l],
+        static_cast<unsigned>(offsets[l + 1] - offsets[l]),
+        chunk,
+        offsets[l],
+        offsets[count]);
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) {
+      return error;
+    }
+  }
+  return cudaSuccess;
 }
 
 } // namespace
 
-int64_t clip_grad_norm_blocks(const ClipList& list) {
-  const int64_t chunk = chunk_of(list);
+int64_t clip_grad_norm_blocks(const ClipList* lists, int count) {
+  const int64_t chunk = chunk_of(lists, count);
   int64_t blocks = 0;
-  for (int t = 0; t < list.count; ++t) {
-    blocks += (span_bytes(list, t) + chunk - 1) / chunk;
+  for (int l = 0; l < count; ++l) {
+    for (int t = 0; t < lists[l].count; ++t) {
+      blocks += (span_bytes(lists[l], t) + chunk - 1) / chunk;
+    }
   }
   return blocks;
 }
 
 cudaError_t launch_clip_grad_norm(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     double max_norm,
     void* norm,
     ClipFormat norm_format,
     float* partials,
     cudaStream_t stream) {
-  if (list.count == 0) {
+  if (!valid(lists, count)) {
     return cudaErrorInvalidValue;
   }
-  int64_t blocks = 0;
-  const int64_t chunk = lay_out(list, blocks);
-  const auto grid = static_cast<unsigned>(blocks);
-  sum_squares_kernel<<<grid, kThreads, 0, stream>>>(list, chunk, partials);
-  const cudaError_t error = cudaGetLastError();
+  const cudaError_t error = each_list(
+      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
+                        int64_t offset, int64_t) {
+        sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
+            list, chunk, partials + offset);
+      });
   if (error != cudaSuccess) {
     return error;
   }
-  return launch_clip_scale(list, max_norm, norm, norm_format, partials, stream);
+  return launch_clip_scale(
+      lists, count, max_norm, norm, norm_format, partials, stream);
 }
 
 cudaError_t launch_unscale_sum_squares(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     const float* inv_scale,
     float* found_inf,
     float* partials,
     cudaStream_t stream) {
-  if (list.count == 0) {
+  if (!valid(lists, count)) {
     return cudaErrorInvalidValue;
   }
-  for (int t = 0; t < list.count; ++t) {
-    if (list.format[t] == ClipFormat::kBFloat16) {
-      return cudaErrorInvalidValue;
+  for (int l = 0; l < count; ++l) {
+    for (int t = 0; t < lists[l].count; ++t) {
+      if (lists[l].format[t] == ClipFormat::kBFloat16) {
+        return cudaErrorInvalidValue;
+      }
     }
   }
-  int64_t blocks = 0;
-  const int64_t chunk = lay_out(list, blocks);
-  unscale_sum_squares_kernel<<<
-      static_cast<unsigned>(blocks),
-      kThreads,
-      0,
-      stream>>>(list, chunk, inv_scale, found_inf, partials);
-  return cudaGetLastError();
+  return each_list(
+      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
+                        int64_t offset, int64_t) {
+        unscale_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
+            list, chunk, inv_scale, found_inf, partials + offset);
+      });
 }
 
 cudaError_t launch_clip_scale(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     double max_norm,
     void* norm,
     ClipFormat norm_format,
     const float* partials,
     cudaStream_t stream) {
-  if (list.count == 0) {
+  if (!valid(lists, count)) {
     return cudaErrorInvalidValue;
   }
-  int64_t blocks = 0;
-  const int64_t chunk = lay_out(list, blocks);
   // NOTE: max_norm is rounded to fp32 as Python's `tensor * float` rounds
   // it for an fp32 tensor.
-  scale_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      list,
-      chunk,
-      partials,
-      static_cast<int>(blocks),
-      static_cast<float>(max_norm),
-      norm,
-      norm_format);
-  return cudaGetLastError();
+  bool first = true;
+  return each_list(
+      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
+                        int64_t, int64_t blocks) {
+        scale_kernel<<<grid, kThreads, 0, stream>>>(
+            list,
+            chunk,
+            partials,
+            static_cast<int>(blocks),
+            static_cast<float>(max_norm),
+            first ? norm : nullptr,
+            norm_format);
+        first = false;
+      });
 }
 
 } // namespace lamp::detail

@@ -15,7 +15,9 @@ enum class ClipFormat : uint8_t { kFloat, kHalf, kBFloat16 };
 
 // Up to kMax tensors, each `bytes` long from `data` (dense: every byte of the
 // range is an element's), each in its own format. Passed by value as the
-// kernels' argument, so it must stay below CUDA's 4 KB parameter limit.
+// kernels' argument, so it must stay below CUDA's 4 KB parameter limit; more
+// tensors than kMax go in several lists, one launch of each kernel a list,
+// sharing one `partials` buffer (the lists' blocks one after another).
 struct ClipList {
   static constexpr int kMax = 176; // ResNet-50 has 161 parameters
   void* data[kMax];
@@ -26,14 +28,16 @@ struct ClipList {
   int count = 0;
 };
 
-// The total 2-norm of the tensors in `list` (fp32 sums of squares), written
-// to *norm in `norm_format`, and every element multiplied by
-// min(max_norm / (norm + 1e-6), 1) computed in fp32 as Python's
+// The total 2-norm of the tensors in `lists[0..count)` (fp32 sums of
+// squares), written to *norm in `norm_format`, and every element multiplied
+// by min(max_norm / (norm + 1e-6), 1) computed in fp32 as Python's
 // clip_grad_norm_ computes it for fp32 tensors (a NaN or inf norm gives a
-// NaN or 0 coefficient, as there). `partials` holds `max_blocks` floats of
-// scratch. Deterministic: the same sums in the same order on every call.
+// NaN or 0 coefficient, as there). `partials` holds
+// clip_grad_norm_blocks(lists, count) floats of scratch. Deterministic: the
+// same sums in the same order on every call.
 cudaError_t launch_clip_grad_norm(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     double max_norm,
     void* norm,
     ClipFormat norm_format,
@@ -41,30 +45,32 @@ cudaError_t launch_clip_grad_norm(
     cudaStream_t stream);
 
 // GradScaler's unscale fused with the first of those kernels: every
-// element of `list` (fp32 or fp16; bf16 is an error, as in ATen) checked
+// element of the lists (fp32 or fp16; bf16 is an error, as in ATen) checked
 // and multiplied by *inv_scale as ATen's
 // _amp_foreach_non_finite_check_and_unscale_ does (*found_inf = 1 where an
 // element is not finite), and `partials` written as launch_clip_grad_norm's
 // first kernel would write them for the unscaled tensors.
 cudaError_t launch_unscale_sum_squares(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     const float* inv_scale,
     float* found_inf,
     float* partials,
     cudaStream_t stream);
 
 // The second of launch_clip_grad_norm's kernels, on the `partials` that
-// launch_unscale_sum_squares wrote for the same list (unchanged since):
+// launch_unscale_sum_squares wrote for the same lists (unchanged since):
 // together bitwise launch_clip_grad_norm after that unscale.
 cudaError_t launch_clip_scale(
-    ClipList& list,
+    ClipList* lists,
+    int count,
     double max_norm,
     void* norm,
     ClipFormat norm_format,
     const float* partials,
     cudaStream_t stream);
 
-// The scratch `partials` needs for `list`: one float a thread block.
-int64_t clip_grad_norm_blocks(const ClipList& list);
+// The scratch `partials` needs for the lists: one float a thread block.
+int64_t clip_grad_norm_blocks(const ClipList* lists, int count);
 
 } // namespace lamp::detail

@@ -37,10 +37,35 @@ namespace lamp::detail {
 #if LAMP_WITH_CUDA
 namespace {
 
+// Gradients as the kernels take them: lists of at most ClipList::kMax.
+struct ClipLists {
+  std::vector<ClipList> lists;
+
+  void add(void* data, int64_t bytes, ClipFormat format) {
+    if (lists.empty() || lists.back().count == ClipList::kMax) {
+      lists.emplace_back();
+    }
+    auto& l = lists.back();
+    l.data[l.count] = data;
+    l.bytes[l.count] = bytes;
+    l.format[l.count] = format;
+    ++l.count;
+  }
+  bool empty() const {
+    return lists.empty();
+  }
+  int count() const {
+    return static_cast<int>(lists.size());
+  }
+  int64_t blocks() const {
+    return clip_grad_norm_blocks(lists.data(), count());
+  }
+};
+
 struct KeptSums {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> impls;
   std::vector<int64_t> versions;
-  ClipList list; // data, bytes and formats as the clip would list them
+  ClipLists lists; // data, bytes and formats as the clip would list them
   at::Tensor partials;
   cudaStream_t stream = nullptr;
 };
@@ -54,19 +79,26 @@ ClipFormat format_of(at::ScalarType t) {
                          : ClipFormat::kBFloat16;
 }
 
-// Whether `grads` (listed as `list`) are exactly what `k` was kept from.
+// Whether `grads` (listed as `lists`) are exactly what `k` was kept from.
 bool same_as_kept(
     const KeptSums& k,
     const std::vector<at::Tensor>& grads,
-    const ClipList& list,
+    const ClipLists& lists,
     cudaStream_t stream) {
-  if (k.stream != stream || k.list.count != list.count) {
+  if (k.stream != stream || k.lists.count() != lists.count()) {
     return false;
   }
-  for (int t = 0; t < list.count; ++t) {
-    if (k.list.data[t] != list.data[t] || k.list.bytes[t] != list.bytes[t] ||
-        k.list.format[t] != list.format[t]) {
+  for (int l = 0; l < lists.count(); ++l) {
+    const auto& a = k.lists.lists[l];
+    const auto& b = lists.lists[l];
+    if (a.count != b.count) {
       return false;
+    }
+    for (int t = 0; t < a.count; ++t) {
+      if (a.data[t] != b.data[t] || a.bytes[t] != b.bytes[t] ||
+          a.format[t] != b.format[t]) {
+        return false;
+      }
     }
   }
   size_t t = 0;
@@ -93,8 +125,7 @@ bool unscale_keeping_sums(
     const at::Tensor& inv_scale) {
 #if LAMP_WITH_CUDA
   kept.reset();
-  if (grads.empty() || grads.size() > ClipList::kMax ||
-      !grads.front().is_cuda()) {
+  if (grads.empty() || !grads.front().is_cuda()) {
     return false;
   }
   const auto device = grads.front().device();
@@ -117,20 +148,18 @@ bool unscale_keeping_sums(
     if (g.numel() == 0) {
       continue;
     }
-    k.list.data[k.list.count] = g.data_ptr();
-    k.list.bytes[k.list.count] = g.numel() * g.element_size();
-    k.list.format[k.list.count] = format_of(dtype);
-    ++k.list.count;
+    k.lists.add(g.data_ptr(), g.numel() * g.element_size(), format_of(dtype));
   }
-  if (k.list.count == 0) {
+  if (k.lists.empty()) {
     return false; // nothing to unscale: ATen's kernel does nothing either
   }
   const c10::cuda::CUDAGuard on_device(device);
   k.stream = at::cuda::getCurrentCUDAStream();
   k.partials = at::empty(
-      {clip_grad_norm_blocks(k.list)}, found_inf.options().dtype(at::kFloat));
+      {k.lists.blocks()}, found_inf.options().dtype(at::kFloat));
   C10_CUDA_CHECK(launch_unscale_sum_squares(
-      k.list,
+      k.lists.lists.data(),
+      k.lists.count(),
       inv_scale.const_data_ptr<float>(),
       found_inf.mutable_data_ptr<float>(),
       k.partials.mutable_data_ptr<float>(),
@@ -169,12 +198,11 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
   // Kept sums serve this clip or none (Note [Sums kept from the unscale]).
   std::optional<KeptSums> sums = std::move(kept);
   kept.reset();
-  if (grads.empty() || grads.size() > ClipList::kMax ||
-      !grads.front().is_cuda()) {
+  if (grads.empty() || !grads.front().is_cuda()) {
     return std::nullopt;
   }
   const auto device = grads.front().device();
-  ClipList list;
+  ClipLists lists;
   auto dtype = grads.front().scalar_type();
   for (const auto& g : grads) {
     const auto t = g.scalar_type();
@@ -188,21 +216,19 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     if (g.numel() == 0) {
       continue;
     }
-    list.data[list.count] = g.data_ptr();
-    list.bytes[list.count] = g.numel() * g.element_size();
-    list.format[list.count] = format_of(t);
-    ++list.count;
+    lists.add(g.data_ptr(), g.numel() * g.element_size(), format_of(t));
   }
   const c10::cuda::CUDAGuard on_device(device);
   auto norm = at::empty({}, grads.front().options().dtype(dtype));
-  if (list.count == 0) {
+  if (lists.empty()) {
     return norm.zero_(); // every gradient is empty: norm 0, nothing to scale
   }
   const ClipFormat norm_format = format_of(dtype);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (sums && same_as_kept(*sums, grads, list, stream)) {
+  if (sums && same_as_kept(*sums, grads, lists, stream)) {
     C10_CUDA_CHECK(launch_clip_scale(
-        list,
+        lists.lists.data(),
+        lists.count(),
         max_norm,
         norm.data_ptr(),
         norm_format,
@@ -211,10 +237,11 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     ++clips_from_kept;
     return norm;
   }
-  auto partials = at::empty(
-      {clip_grad_norm_blocks(list)}, norm.options().dtype(at::kFloat));
+  auto partials =
+      at::empty({lists.blocks()}, norm.options().dtype(at::kFloat));
   C10_CUDA_CHECK(launch_clip_grad_norm(
-      list,
+      lists.lists.data(),
+      lists.count(),
       max_norm,
       norm.data_ptr(),
       norm_format,

@@ -13,9 +13,10 @@
 namespace lamp::detail {
 
 /// Python's clip_grad_norm_(grads, max_norm, norm_type=2) for gradients
-/// that are all on one CUDA device, fp32/fp16/bf16, dense, at most 176 of
+/// that are all on one CUDA device, fp32/fp16/bf16, dense, any number of
 /// them: returns the total norm (0-dim, their promoted dtype) after scaling
-/// them in place. Two kernels, no host sync, capturable. The sums of squares
+/// them in place. Two kernels (two more a further ClipList::kMax
+/// gradients), no host sync, capturable. The sums of squares
 /// are fp32 and added in another order than ATen's, so the norm and the
 /// gradients equal Python's within fp32 rounding, not bitwise. nullopt (and
 /// nothing done) where it does not apply, including builds without CUDA.
@@ -24,7 +25,7 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     double max_norm);
 
 /// GradScaler's unscale of one group of gradients (one CUDA device, all
-/// fp32 or all fp16, dense, at most 176): ATen's
+/// fp32 or all fp16, dense): ATen's
 /// _amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
 /// in one kernel that also keeps the sums of squares of the unscaled
 /// gradients, so that a fused_clip_grad_norm_ of the same gradients next

@@ -136,6 +136,33 @@ TEST_F(UnscaleClipGpu, TheClipAfterItIsOneKernelAndTheSameBits) {
   }
 }
 
+// More gradients than one launch takes: the unscale still keeps the sums
+// (one launch a list of 176) and the clip is still one kernel a list.
+TEST_F(UnscaleClipGpu, AnyNumberOfGradientsKeepTheirSums) {
+  for (const int64_t count : {177, 600}) {
+    torch::manual_seed(5);
+    std::vector<torch::Tensor> ours;
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t n = k % 5 == 0 ? 30000 + k : 17 + k;
+      auto p = torch::zeros({n}, torch::kCUDA).requires_grad_();
+      p.mutable_grad() = torch::randn({n}, torch::kCUDA) * 300.0;
+      ours.push_back(p);
+    }
+    auto aten = cloned(ours);
+    auto found = scalar(0), aten_found = scalar(0);
+    const auto inv = scalar(1.f / 1024.f);
+    ASSERT_TRUE(lamp::detail::unscale_keeping_sums(grads_of(ours), found, inv))
+        << count;
+    const int64_t before = lamp::detail::clips_from_kept_sums();
+    const auto norm = lamp::clip_grad_norm_(ours, 0.5);
+    EXPECT_EQ(lamp::detail::clips_from_kept_sums(), before + 1) << count;
+    torch::_amp_foreach_non_finite_check_and_unscale_(
+        grads_of(aten), aten_found, inv);
+    EXPECT_TRUE(torch::equal(norm, lamp::clip_grad_norm_(aten, 0.5))) << count;
+    expect_same_bits(ours, aten, std::to_string(count) + " gradients");
+  }
+}
+
 TEST_F(UnscaleClipGpu, AGradientChangedReplacedOrReorderedIsSeen) {
   const auto inv = scalar(0.25f);
   // What the clip must give: its own sums over the gradients as they are.

@@ -1,0 +1,247 @@
+#include <lamp/nn/linear_cross_entropy.h>
+
+#include <lamp/config.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if LAMP_WITH_CUDA
+#include "cross_entropy_cuda.h"
+#endif
+
+// Note [Cross-entropy without the logits]
+// For a row x with logits z = W x and target t, the loss is
+// lse(z) - z[t] and its gradient dz = softmax(z) - one_hot(t), so
+// dx = W^T dz and dW += dz x^T. All of it is known once z is: forward
+// computes a chunk's z, turns it into dz in place (with the rows' losses),
+// and multiplies dz into dx (kept, in the GEMM dtype) and dW (kept, fp32),
+// then drops it. Backward scales both by the loss's gradient (divided by
+// the number of counted targets for the mean). dz is stored unscaled: with
+// fp16 and a loss scale, Python's dz = (p - onehot) * scale / N keeps small
+// probabilities a scale of 65,536 away from fp16's underflow; unscaled p -
+// onehot keeps them further still, and the scale is applied in fp32 after
+// the GEMMs.
+
+namespace lamp::nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kChunkBytes = int64_t{256} << 20;
+
+// The softmax cross-entropy of one chunk of logits, in place (see the
+// Note): ATen's ops where lamp's kernel does not apply.
+void softmax_xent_grad_(
+    at::Tensor& logits,
+    const at::Tensor& target,
+    int64_t ignore_index,
+    at::Tensor& loss) {
+#if LAMP_WITH_CUDA
+  if (detail::cuda_softmax_xent_grad_(logits, target, ignore_index, loss)) {
+    return;
+  }
+#endif
+  const int64_t classes = logits.size(1);
+  const auto valid = target != ignore_index;
+  TORCH_CHECK_INDEX(
+      (~valid | ((target >= 0) & (target < classes))).all().item<bool>(),
+      "lamp::nn::linear_cross_entropy: a target is outside [0, ",
+      classes,
+      ") and is not ignore_index");
+  const auto safe = at::where(valid, target, 0).unsqueeze(1);
+  const auto z = logits.to(at::kFloat);
+  const auto lse = at::logsumexp(z, 1, /*keepdim=*/true);
+  loss.copy_((lse - z.gather(1, safe)).squeeze(1) * valid);
+  auto grad = (z - lse).exp_();
+  grad.scatter_add_(1, safe, -valid.to(at::kFloat).unsqueeze(1));
+  logits.copy_(grad.mul_(valid.unsqueeze(1)));
+}
+
+class LinearCrossEntropyFunction
+    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+ public:
+  // `input` (N, C) and `weight` (V, C) in the GEMM dtype; `input_dtype`
+  // and `weight_dtype` are those of the caller's tensors, for the
+  // gradients. See the Note.
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& target,
+      int64_t ignore_index,
+      bool mean,
+      int64_t chunk_size,
+      bool want_grads,
+      at::ScalarType input_dtype,
+      at::ScalarType weight_dtype) {
+    ctx->set_materialize_grads(false);
+    const int64_t rows = input.size(0);
+    const int64_t classes = weight.size(0);
+    const auto f32 = input.options().dtype(at::kFloat);
+    auto losses = at::empty({rows}, f32);
+    at::Tensor dx, dw;
+    if (want_grads) {
+      dx = at::empty_like(input);
+      dw = at::zeros(weight.sizes(), f32);
+    }
+    const int64_t chunk = chunk_size > 0
+        ? chunk_size
+        : std::max<int64_t>(
+              1, kChunkBytes / (classes * weight.element_size()));
+    const bool fp32_dw =
+        !input.is_cuda() || weight.scalar_type() == at::kFloat;
+    for (int64_t begin = 0; begin < rows; begin += chunk) {
+      const int64_t n = std::min(chunk, rows - begin);
+      const auto x = input.narrow(0, begin, n);
+      auto z = at::mm(x, weight.t());
+      auto loss = losses.narrow(0, begin, n);
+      softmax_xent_grad_(z, target.narrow(0, begin, n), ignore_index, loss);
+      if (!want_grads) {
+        continue;
+      }
+      auto dx_chunk = dx.narrow(0, begin, n);
+      at::mm_out(dx_chunk, z, weight);
+      if (fp32_dw) {
+        dw.addmm_(z.t().to(at::kFloat), x.to(at::kFloat));
+      } else {
+        // bf16/fp16 operands, fp32 accumulation and output (cuBLAS).
+        at::addmm_out(dw, dw, z.t(), x, at::kFloat);
+      }
+    }
+    auto total = losses.sum();
+    at::Tensor count;
+    if (mean) {
+      count = (target != ignore_index).sum().to(at::kFloat);
+      total = total / count;
+    }
+    if (want_grads) {
+      ctx->saved_data["dx"] = dx;
+      ctx->saved_data["dw"] = dw;
+      if (mean) {
+        ctx->saved_data["count"] = count;
+      }
+      ctx->saved_data["input_dtype"] = input_dtype;
+      ctx->saved_data["weight_dtype"] = weight_dtype;
+    }
+    return total;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "lamp::nn::linear_cross_entropy: no double backward (backward with "
+        "create_graph=true); use torch::cross_entropy_loss(lamp::nn::"
+        "linear(...)) for that");
+    const variable_list none(9);
+    const auto& grad = grads[0];
+    if (!grad.defined() || !ctx->saved_data.count("dx")) {
+      return none;
+    }
+    const auto dx = ctx->saved_data["dx"].toTensor();
+    const auto dw = ctx->saved_data["dw"].toTensor();
+    auto scale = grad.to(at::kFloat);
+    if (ctx->saved_data.count("count")) {
+      scale = scale / ctx->saved_data["count"].toTensor();
+    }
+    variable_list out = none;
+    if (ctx->needs_input_grad(0)) {
+      out[0] = (dx.to(at::kFloat) * scale)
+                   .to(ctx->saved_data["input_dtype"].toScalarType());
+    }
+    if (ctx->needs_input_grad(1)) {
+      out[1] = (dw * scale).to(ctx->saved_data["weight_dtype"].toScalarType());
+    }
+    return out;
+  }
+};
+
+} // namespace
+
+torch::Tensor linear_cross_entropy(
+    const torch::Tensor& input,
+    const torch::Tensor& weight,
+    const torch::Tensor& target,
+    const LinearCrossEntropyOptions& options) {
+  const char* name = "lamp::nn::linear_cross_entropy";
+  TORCH_CHECK(
+      input.defined() && weight.defined() && target.defined(),
+      name,
+      ": input, weight and target must be defined");
+  TORCH_CHECK_VALUE(
+      !std::holds_alternative<torch::enumtype::kNone>(options.reduction()),
+      name,
+      ": reduction kNone is not supported (the loss is summed chunk by "
+      "chunk); use torch::cross_entropy_loss(lamp::nn::linear(input, "
+      "weight), target, ...) for per-row losses");
+  TORCH_CHECK_VALUE(
+      input.dim() >= 1 && weight.dim() == 2 &&
+          input.size(-1) == weight.size(1) && weight.size(0) > 0,
+      name,
+      ": expected input (..., C) and weight (V, C), got sizes ",
+      input.sizes(),
+      " and ",
+      weight.sizes());
+  TORCH_CHECK_VALUE(
+      target.scalar_type() == at::kLong &&
+          target.numel() * input.size(-1) == input.numel(),
+      name,
+      ": expected int64 targets, one per row of the input (",
+      input.numel() / std::max<int64_t>(input.size(-1), 1),
+      "), got ",
+      target.scalar_type(),
+      " of sizes ",
+      target.sizes());
+  TORCH_CHECK_VALUE(
+      options.chunk_size() >= 0,
+      name,
+      ": chunk_size must be >= 0 (0: automatic), got ",
+      options.chunk_size());
+  // As Python's linear under autocast: both operands in the autocast dtype.
+  auto x = input.reshape({-1, input.size(-1)});
+  auto w = weight;
+  const auto device = input.device().type();
+  if (at::autocast::is_autocast_enabled(device) &&
+      at::autocast::is_autocast_eligible(input, device)) {
+    const auto dtype = at::autocast::get_autocast_dtype(device);
+    x = x.to(dtype);
+    w = at::autocast::cached_cast(dtype, weight, device);
+  }
+  TORCH_CHECK_VALUE(
+      x.is_floating_point() && x.scalar_type() == w.scalar_type() &&
+          x.device() == w.device() && target.device() == x.device(),
+      name,
+      ": input and weight must be floating point of one dtype, on the "
+      "target's device; got ",
+      x.scalar_type(),
+      " on ",
+      x.device(),
+      ", ",
+      w.scalar_type(),
+      " on ",
+      w.device(),
+      " and targets on ",
+      target.device());
+  const bool want_grads = at::GradMode::is_enabled() &&
+      (input.requires_grad() || weight.requires_grad());
+  // NOTE: the operands are cast already; autocast would cast nothing more,
+  // and the loss must not be cast back.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      c10::autocast_dispatch_keyset);
+  return LinearCrossEntropyFunction::apply(
+      x.contiguous(),
+      w,
+      target.reshape({-1}).contiguous(),
+      options.ignore_index(),
+      std::holds_alternative<torch::enumtype::kMean>(options.reduction()),
+      options.chunk_size(),
+      want_grads,
+      input.scalar_type(),
+      weight.scalar_type());
+}
+
+} // namespace lamp::nn

@@ -1,0 +1,205 @@
+// lamp::nn::linear_cross_entropy against ATen's own composition, the ops
+// Python runs for F.cross_entropy(F.linear(x, W), t): the loss and both
+// gradients for any chunking (one chunk, several, a partial last one),
+// ignored targets, sum and mean, inputs of rank 2 and 3, autocast; its
+// errors; on a GPU lamp's kernel in fp32, bf16 and fp16 (vector and scalar
+// paths), and inside a CUDA graph.
+
+#include <lamp/autocast.h>
+#include <lamp/nn/linear.h>
+#include <lamp/nn/linear_cross_entropy.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "support.h"
+
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD).
+namespace linear_cross_entropy_test {
+
+namespace {
+
+using lamp::nn::LinearCrossEntropyOptions;
+
+struct Result {
+  torch::Tensor loss, dx, dw;
+};
+
+struct Problem {
+  torch::Tensor x, w, t;
+};
+
+// Rows of `shape` (last dim C), V classes, some targets ignored.
+Problem problem(
+    std::vector<int64_t> shape,
+    int64_t classes,
+    torch::Device device = torch::kCPU,
+    torch::Dtype dtype = torch::kFloat) {
+  torch::manual_seed(7);
+  Problem p;
+  p.x = (torch::randn(shape) * 2).to(device, dtype);
+  p.w = (torch::randn({classes, shape.back()}) * 0.5).to(device, dtype);
+  shape.pop_back();
+  p.t = torch::randint(classes, shape, torch::kLong);
+  p.t.view(-1)[1] = -100;
+  p.t.view(-1)[-1] = -100;
+  p.t = p.t.to(device);
+  return p;
+}
+
+// The loss of `f(x, w, t)` and the gradients of x and w.
+template <typename F>
+Result run(const Problem& p, const F& f) {
+  auto x = p.x.detach().clone().requires_grad_();
+  auto w = p.w.detach().clone().requires_grad_();
+  auto loss = f(x, w, p.t);
+  loss.backward();
+  return {loss.detach(), x.grad(), w.grad()};
+}
+
+Result aten(const Problem& p, bool sum = false) {
+  return run(p, [&](auto& x, auto& w, auto& t) {
+    auto logits = lamp::nn::linear(x, w);
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}),
+        t.reshape(-1),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(
+            sum ? torch::nn::CrossEntropyLossOptions::reduction_t(torch::kSum)
+                : torch::kMean));
+  });
+}
+
+Result fused(const Problem& p, LinearCrossEntropyOptions o = {}) {
+  return run(p, [&](auto& x, auto& w, auto& t) {
+    return lamp::nn::linear_cross_entropy(x, w, t, o);
+  });
+}
+
+double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.to(torch::kCPU, torch::kDouble);
+  const auto y = b.to(torch::kCPU, torch::kDouble);
+  return ((x - y).norm() / y.norm()).item<double>();
+}
+
+void expect_close(const Result& a, const Result& b, double tol) {
+  EXPECT_EQ(a.loss.scalar_type(), torch::kFloat);
+  EXPECT_EQ(a.loss.dim(), 0);
+  EXPECT_LE(rel_error(a.loss, b.loss), tol);
+  EXPECT_EQ(a.dx.scalar_type(), b.dx.scalar_type());
+  EXPECT_EQ(a.dx.sizes(), b.dx.sizes());
+  EXPECT_LE(rel_error(a.dx, b.dx), tol);
+  EXPECT_EQ(a.dw.scalar_type(), b.dw.scalar_type());
+  EXPECT_LE(rel_error(a.dw, b.dw), tol);
+}
+
+TEST(LinearCrossEntropy, EqualsAtensCompositionForAnyChunking) {
+  const auto p = problem({10, 6}, 13);
+  const auto expected = aten(p);
+  for (const int64_t chunk : {0, 1, 3, 10, 64}) {
+    SCOPED_TRACE(chunk);
+    expect_close(
+        fused(p, LinearCrossEntropyOptions().chunk_size(chunk)),
+        expected,
+        1e-6);
+  }
+}
+
+TEST(LinearCrossEntropy, SumReductionAndRankThreeInputs) {
+  const auto p = problem({2, 5, 6}, 11);
+  expect_close(
+      fused(p, LinearCrossEntropyOptions().reduction(torch::kSum).chunk_size(4)),
+      aten(p, /*sum=*/true),
+      1e-6);
+  expect_close(fused(p), aten(p), 1e-6);
+}
+
+TEST(LinearCrossEntropy, UnderAutocastTheGemmsRunInItsDtype) {
+  const auto p = problem({2, 8, 16}, 37);
+  Result expected, got;
+  {
+    lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    expected = aten(p);
+    got = fused(p, LinearCrossEntropyOptions().chunk_size(5));
+  }
+  // bf16 GEMMs: Python's logits are rounded once, so are ours; the
+  // gradients' roundings differ (ours: unscaled, fp32 sums).
+  expect_close(got, expected, 2e-2);
+  EXPECT_EQ(got.dx.scalar_type(), torch::kFloat);
+}
+
+TEST(LinearCrossEntropy, NoGradientsWhenNoneAreWanted) {
+  const auto p = problem({4, 6}, 9);
+  const auto expected = aten(p).loss;
+  torch::NoGradGuard no_grad;
+  const auto loss = lamp::nn::linear_cross_entropy(
+      p.x.requires_grad_(), p.w, p.t, LinearCrossEntropyOptions().chunk_size(3));
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_LE(rel_error(loss, expected), 1e-6);
+}
+
+TEST(LinearCrossEntropy, BadInputIsAClearError) {
+  const auto p = problem({4, 6}, 9);
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] {
+        lamp::nn::linear_cross_entropy(
+            p.x, p.w, p.t, LinearCrossEntropyOptions().reduction(torch::kNone));
+      },
+      "reduction kNone is not supported");
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] { lamp::nn::linear_cross_entropy(p.x, p.w.t(), p.t); },
+      "expected input (..., C) and weight (V, C), got sizes [4, 6] and [6, 9]");
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] { lamp::nn::linear_cross_entropy(p.x, p.w, p.t.to(torch::kInt)); },
+      "expected int64 targets, one per row of the input (4)");
+  auto bad = p.t.clone();
+  bad[0] = 9;
+  lamp::test::expect_error_of<c10::IndexError>(
+      [&] { lamp::nn::linear_cross_entropy(p.x, p.w, bad); },
+      "a target is outside [0, 9) and is not ignore_index");
+}
+
+class LinearCrossEntropyGpu : public lamp::test::GpuTest {};
+
+// lamp's kernel: 16-byte vectors where a row allows (1,024 classes), one
+// element at a time where not (1,001), in every dtype, several chunks.
+TEST_F(LinearCrossEntropyGpu, KernelEqualsAtensComposition) {
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    for (const int64_t classes : {1024, 1001}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " +
+                   std::to_string(classes));
+      const auto p = problem({3, 100, 64}, classes, torch::kCUDA, dtype);
+      const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
+      expect_close(
+          fused(p, LinearCrossEntropyOptions().chunk_size(128)),
+          aten(p),
+          tol);
+    }
+  }
+}
+
+TEST_F(LinearCrossEntropyGpu, UnderAutocastLikeGpt2sHead) {
+  const auto p = problem({4, 256, 128}, 50304, torch::kCUDA);
+  Result expected, got;
+  {
+    lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+    expected = aten(p);
+    got = fused(p, LinearCrossEntropyOptions().chunk_size(300));
+  }
+  expect_close(got, expected, 2e-2);
+  EXPECT_LE(rel_error(got.loss, expected.loss), 1e-3);
+}
+
+TEST_F(LinearCrossEntropyGpu, OutOfRangeTargetGivesANanLoss) {
+  auto p = problem({4, 16}, 32, torch::kCUDA);
+  p.t[0] = 32;
+  const auto loss = fused(p).loss;
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+}
+
+} // namespace
+
+} // namespace linear_cross_entropy_test
