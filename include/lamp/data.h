@@ -11,4 +11,5 @@
 #include <lamp/data/image_decoder.h>
 #include <lamp/data/image_folder.h>
 #include <lamp/data/image_loader.h>
+#include <lamp/data/token_dataset.h>
 #include <lamp/data/transforms.h>
