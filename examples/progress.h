@@ -41,10 +41,13 @@ class Progress {
   }
 
   /// After step `step` (1-based). `loss_and_scale` reads them from the
-  /// device (a host sync), so it is called only when a line is printed.
+  /// device (a host sync), so it is called only when a line is printed;
+  /// `extra` (optional) gets the steps/s since the last line and returns
+  /// more to print at its end (throughput in the example's units).
   void update(
       int64_t step,
-      const std::function<std::pair<double, double>()>& loss_and_scale) {
+      const std::function<std::pair<double, double>()>& loss_and_scale,
+      const std::function<std::string(double)>& extra = nullptr) {
     if (!enabled_) {
       return;
     }
@@ -61,7 +64,7 @@ class Progress {
     const double eta = rate > 0 ? (total_ - step) / rate : 0;
     const int64_t eta_s = static_cast<int64_t>(eta + 0.5);
     std::printf(
-        "%s[%s] step %lld/%lld  %.1f steps/s  ETA %lldm%02llds  loss %.4f  scale %g%s",
+        "%s[%s] step %lld/%lld  %.1f steps/s  ETA %lldm%02llds  loss %.4f  scale %g%s%s",
         terminal_ ? "\r\033[K" : "",
         label_.c_str(),
         static_cast<long long>(step),
@@ -71,6 +74,7 @@ class Progress {
         static_cast<long long>(eta_s % 60),
         loss,
         scale,
+        extra ? extra(rate).c_str() : "",
         terminal_ ? "" : "\n");
     std::fflush(stdout);
     drawn_ = terminal_;

@@ -1,0 +1,238 @@
+#pragma once
+
+// GPT-2 as nanoGPT's model.py and llm.c's train_gpt2 have it: pre-LN
+// blocks, causal self-attention through scaled_dot_product_attention (flash
+// or cuDNN kernels on a GPU), a GELU (tanh) MLP, learned positions, and the
+// LM head tied to the token embedding. Module names are nanoGPT's (without
+// its `transformer.` prefix), so benchmarks/gpt2.py loads lamp's checkpoints
+// with load_state_dict(strict=True).
+
+#include <lamp/lamp.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+struct Config {
+  int64_t n_layer = 12, n_head = 12, n_embd = 768;
+  int64_t vocab_size = 50304; // GPT-2's 50,257 padded to a multiple of 64
+  int64_t block_size = 1024;
+  double dropout = 0.0;
+};
+
+/// The sizes of `name`: gpt2 (124M), gpt2-medium (350M), gpt2-large
+/// (774M), gpt2-xl (1.5B), or tiny (a CPU-sized model on bytes).
+inline std::optional<Config> config_of(const std::string& name) {
+  if (name == "gpt2") {
+    return Config{12, 12, 768};
+  }
+  if (name == "gpt2-medium") {
+    return Config{24, 16, 1024};
+  }
+  if (name == "gpt2-large") {
+    return Config{36, 20, 1280};
+  }
+  if (name == "gpt2-xl") {
+    return Config{48, 25, 1600};
+  }
+  if (name == "tiny") {
+    return Config{2, 2, 64, 256, 64};
+  }
+  return std::nullopt;
+}
+
+/// A bias-free linear layer over a weight registered elsewhere too: the LM
+/// head, tied to the token embedding. Its `weight` is a second name for the
+/// same tensor (LibTorch's parameters() lists it twice; lamp treats it as
+/// one parameter, as Python does).
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const torch::Tensor& shared) {
+    weight = register_parameter("weight", shared);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return lamp::nn::linear(x, weight);
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
+
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const Config& c)
+      : n_head(c.n_head), dropout(c.dropout) {
+    c_attn = register_module("c_attn", lamp::nn::Linear(c.n_embd, 3 * c.n_embd));
+    c_proj = register_module("c_proj", lamp::nn::Linear(c.n_embd, c.n_embd));
+    resid_dropout = register_module(
+        "resid_dropout", torch::nn::Dropout(c.dropout));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+    auto qkv = c_attn(x).split(c, 2);
+    for (auto& y : qkv) {
+      y = y.view({b, t, n_head, c / n_head}).transpose(1, 2);
+    }
+    auto y = at::scaled_dot_product_attention(
+        qkv[0],
+        qkv[1],
+        qkv[2],
+        /*attn_mask=*/std::nullopt,
+        is_training() ? dropout : 0.0,
+        /*is_causal=*/true);
+    y = y.transpose(1, 2).contiguous().view({b, t, c});
+    return resid_dropout(c_proj(y));
+  }
+  int64_t n_head;
+  double dropout;
+  lamp::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout resid_dropout{nullptr};
+};
+TORCH_MODULE(Attention);
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const Config& c) {
+    c_fc = register_module("c_fc", lamp::nn::Linear(c.n_embd, 4 * c.n_embd));
+    c_proj = register_module("c_proj", lamp::nn::Linear(4 * c.n_embd, c.n_embd));
+    dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+  }
+  lamp::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const Config& c) {
+    ln_1 = register_module(
+        "ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+    attn = register_module("attn", Attention(c));
+    ln_2 = register_module(
+        "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+    mlp = register_module("mlp", Mlp(c));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
+    return x + mlp(ln_2(x));
+  }
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Attention attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const Config& c) : config(c) {
+    wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+    wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+    drop = register_module("drop", torch::nn::Dropout(c.dropout));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      blocks.push_back(Block(c));
+      h->push_back(blocks.back());
+    }
+    ln_f = register_module(
+        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+    lm_head = register_module("lm_head", TiedHead(wte->weight));
+    init_weights();
+  }
+
+  /// GPT-2's initialisation (nanoGPT's _init_weights): N(0, 0.02) for
+  /// linear and embedding weights, N(0, 0.02 / sqrt(2 n_layer)) for the
+  /// projections into the residual stream, zero biases, LayerNorm 1 and 0.
+  void init_weights() {
+    torch::NoGradGuard no_grad;
+    for (auto& item : named_parameters()) {
+      const auto& name = item.key();
+      auto& p = item.value();
+      if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+        p.zero_();
+      } else if (name.find("ln_") != std::string::npos) {
+        p.fill_(1.0);
+      } else if (name.find("c_proj.weight") != std::string::npos) {
+        p.normal_(0.0, 0.02 / std::sqrt(2.0 * config.n_layer));
+      } else if (name != "lm_head.weight") { // the tied wte.weight
+        p.normal_(0.0, 0.02);
+      }
+    }
+  }
+
+  /// The final LayerNorm's output for token ids [B, T]: [B, T, C].
+  torch::Tensor hidden(const torch::Tensor& idx) {
+    const int64_t t = idx.size(1);
+    TORCH_CHECK_VALUE(
+        t <= config.block_size,
+        "a sequence of ",
+        t,
+        " tokens is longer than the model's block size, ",
+        config.block_size);
+    const auto pos = torch::arange(t, idx.options());
+    auto x = drop(wte(idx) + wpe(pos));
+    for (auto& block : blocks) {
+      x = block(x);
+    }
+    return ln_f(x);
+  }
+
+  /// The mean cross-entropy of predicting `targets` [B, T], without the
+  /// logits ever existing whole (lamp::nn::linear_cross_entropy).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+    return lamp::nn::linear_cross_entropy(
+        hidden(idx), lm_head->weight, targets);
+  }
+
+  /// The logits of the last position, [B, V] (for sampling).
+  torch::Tensor last_logits(const torch::Tensor& idx) {
+    return lm_head(hidden(idx).select(1, -1));
+  }
+
+  /// Parameters, each tensor once (not wte's second name): nanoGPT's N for
+  /// the model's size and MFU (position embeddings left out).
+  int64_t num_params(bool without_positions = true) {
+    int64_t n = 0;
+    for (const auto& p : parameters()) {
+      n += p.numel();
+    }
+    n -= lm_head->weight.numel(); // listed twice, counted once
+    return without_positions ? n - wpe->weight.numel() : n;
+  }
+
+  /// AdamW's two groups, as nanoGPT's configure_optimizers: `options`'
+  /// weight decay on matrices and embeddings (dim >= 2), none on biases
+  /// and LayerNorms.
+  std::vector<torch::optim::OptimizerParamGroup> param_groups(
+      const torch::optim::AdamWOptions& options) {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& p : parameters()) {
+      if (p.is_same(lm_head->weight) && !decay.empty() &&
+          decay.front().is_same(p)) {
+        continue; // wte.weight's second name
+      }
+      (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    }
+    auto without = std::make_unique<torch::optim::AdamWOptions>(options);
+    without->weight_decay(0.0);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(
+        std::move(decay), std::make_unique<torch::optim::AdamWOptions>(options));
+    groups.emplace_back(std::move(no_decay), std::move(without));
+    return groups;
+  }
+
+  Config config;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<Block> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  TiedHead lm_head{nullptr};
+
+};
+TORCH_MODULE(Gpt);
+
+} // namespace gpt

@@ -1,0 +1,577 @@
+// Trains GPT-2 (nanoGPT's and llm.c's model, sizes gpt2 to gpt2-xl, or a
+// tiny one for the CPU) with automatic mixed precision (lamp): bf16 autocast
+// or fp16 with lamp::GradScaler, fused AdamW with weight decay on matrices
+// only, warm-up + cosine, clipping, gradient accumulation, the whole step
+// in a CUDA graph (--cuda-graph), data-parallel (--ddp), checkpoints and
+// resume, validation loss, and a few sampled tokens at the end.
+//
+// Data: --data FILE of uint16 tokens in llm.c's .bin layout (what llm.c's
+// and nanoGPT's prepare scripts write; tools/make_tokens.py makes them from
+// local text), else random tokens.
+//
+// clang-format off
+//   gpt_amp --model tiny --device cpu --steps 200            # a small model on random bytes
+//   python3 tools/make_tokens.py corpus/ --out-dir tok       # bytes of local text
+//   gpt_amp --model tiny --data tok/train.bin --val-data tok/val.bin --steps 2000
+//   gpt_amp --model gpt2 --batch-size 16 --precision bf16 --cuda-graph
+//   torchrun --no-python --nproc_per_node=8 gpt_amp --ddp --model gpt2-medium --data ...
+// clang-format on
+
+#include <lamp/lamp.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "gpt.h"
+#include "progress.h"
+#include "training.h"
+
+namespace {
+
+struct Options {
+  std::string model = "gpt2";
+  int64_t vocab_size = 0; // 0: the model's
+  double dropout = 0;
+  std::string data, val_data;
+  int64_t seq_len = 0; // 0: the model's block size
+  std::string precision;
+  std::string device = "auto";
+  bool cuda_graph = false;
+  bool ddp = false;
+  int64_t batch_size = 0; // 0: 16 (CPU: 4)
+  int64_t grad_accum = 1;
+  int64_t steps = 0; // 0: 50 (CPU: 20)
+  int64_t warmup = -1; // untimed steps; -1: 10 (CPU: 2)
+  double lr = 6e-4;
+  double weight_decay = 0.1;
+  int64_t seed = 0;
+  int64_t eval_every = 0;
+  int64_t eval_batches = 20;
+  int64_t sample_tokens = -1; // -1: 200 for byte vocabularies, else 0
+  int64_t log_every = 10;
+  double peak_tflops = 989;
+  std::string metrics;
+  std::string save_init;
+  double max_loss = 0; // 0: no check
+  examples::RunOptions run;
+};
+
+// Tokens as text when they are bytes (the tiny model, tools/make_tokens.py's
+// default); token ids otherwise.
+std::string as_text(const std::vector<int64_t>& tokens, int64_t vocab) {
+  std::string out;
+  for (const int64_t t : tokens) {
+    if (vocab <= 256) {
+      out += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
+    } else {
+      out += std::to_string(t) + " ";
+    }
+  }
+  return out;
+}
+
+int run(
+    const Options& opt,
+    const examples::RunPlace& place,
+    examples::JsonLines& metrics) {
+  const auto& pg = place.pg;
+  const auto& device = place.device;
+  const bool print = examples::rank(pg) == 0;
+  const int64_t world = examples::world_size(pg);
+  auto config = *gpt::config_of(opt.model);
+  if (opt.vocab_size > 0) {
+    config.vocab_size = opt.vocab_size;
+  }
+  config.dropout = opt.dropout;
+  const bool cpu = !device.is_cuda();
+  const int64_t seq = opt.seq_len > 0 ? opt.seq_len : config.block_size;
+  const int64_t batch = opt.batch_size > 0 ? opt.batch_size : (cpu ? 4 : 16);
+  const int64_t timed_steps = opt.steps > 0 ? opt.steps : (cpu ? 20 : 50);
+  const int64_t warmup = opt.warmup >= 0 ? opt.warmup : (cpu ? 2 : 10);
+  const int64_t total = warmup + timed_steps;
+  const auto precision = examples::precision(opt.precision);
+  TORCH_CHECK_VALUE(
+      seq <= config.block_size,
+      "--seq-len ",
+      seq,
+      " is longer than ",
+      opt.model,
+      "'s block size, ",
+      config.block_size);
+
+  // Data: a file's windows (every rank its share), or random tokens.
+  std::optional<lamp::data::TokenDataset> train, val;
+  auto data_options = lamp::data::TokenDatasetOptions()
+                          .seq_len(seq)
+                          .batch_size(batch * opt.grad_accum)
+                          .rank(examples::rank(pg))
+                          .world_size(world)
+                          .seed(opt.seed)
+                          .vocab_size(config.vocab_size);
+  if (!opt.data.empty()) {
+    train.emplace(opt.data, data_options);
+  }
+  if (!opt.val_data.empty()) {
+    val.emplace(opt.val_data, data_options.batch_size(batch).shuffle(false));
+  }
+  auto random_batch = [&](int64_t step) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(opt.seed * 1000003 + step * world +
+                              examples::rank(pg)));
+    auto tokens = torch::randint(
+        config.vocab_size,
+        {batch * opt.grad_accum, seq + 1},
+        generator,
+        torch::kLong);
+    return std::make_pair(
+        tokens.narrow(1, 0, seq).contiguous(), tokens.narrow(1, 1, seq).contiguous());
+  };
+  auto batch_at = [&](int64_t step) {
+    auto b = train ? train->batch(step / train->batches_per_epoch(),
+                                  step % train->batches_per_epoch())
+                   : random_batch(step);
+    return std::vector<torch::Tensor>{
+        b.first.to(device, /*non_blocking=*/true),
+        b.second.to(device, /*non_blocking=*/true)};
+  };
+
+  examples::reset_peak_memory(device);
+  torch::manual_seed(opt.seed);
+  gpt::Gpt model(config);
+  model->to(device);
+  std::optional<lamp::DistributedDataParallel> ddp;
+  if (pg) {
+    ddp.emplace(model.ptr(), pg);
+  }
+  lamp::optim::FusedAdamW optimizer(
+      model->param_groups(torch::optim::AdamWOptions(opt.lr)
+                              .betas({0.9, 0.95})
+                              .eps(1e-8)
+                              .weight_decay(opt.weight_decay)));
+  lamp::GradScaler scaler(
+      lamp::GradScalerOptions().enabled(precision.name == "fp16"));
+  const auto schedule =
+      examples::make_schedule(optimizer, opt.run, total, opt.cuda_graph);
+  int64_t step = 0;
+  lamp::TrainingState state;
+  state.add("model", *model)
+      .add("optimizer", optimizer)
+      .add("scaler", scaler)
+      .add("step", step);
+  if (schedule) {
+    state.add("scheduler", *schedule);
+  }
+  if (!opt.save_init.empty()) {
+    lamp::TrainingState init;
+    init.add("model", *model).rng(false);
+    lamp::save_checkpoint(init, opt.save_init);
+  }
+  examples::RunCheckpoints checkpoints(opt.run, pg, "gpt_amp");
+  step = checkpoints.resume(state, print);
+
+  // One optimizer step: --grad-accum micro-batches of the batch's rows.
+  auto train_step = [&](const std::vector<torch::Tensor>& in) {
+    optimizer.zero_grad();
+    torch::Tensor sum;
+    for (int64_t a = 0; a < opt.grad_accum; ++a) {
+      const auto x = in[0].narrow(0, a * batch, batch);
+      const auto y = in[1].narrow(0, a * batch, batch);
+      torch::Tensor loss;
+      {
+        lamp::AutocastGuard autocast(
+            device.type(), precision.dtype, precision.amp);
+        loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
+      }
+      scaler.scale(loss).backward();
+      sum = a == 0 ? loss.detach() : sum + loss.detach();
+    }
+    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
+    scaler.step(optimizer);
+    scaler.update();
+    return sum;
+  };
+  std::optional<lamp::GraphedStep> graphed;
+  if (opt.cuda_graph) {
+    graphed.emplace(
+        train_step,
+        batch_at(step),
+        std::vector<torch::optim::Optimizer*>{&optimizer});
+  }
+
+  auto evaluate = [&]() -> double {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    const int64_t n = std::min(opt.eval_batches, val->batches_per_epoch());
+    auto sum = torch::zeros({}, torch::TensorOptions(device));
+    for (int64_t b = 0; b < n; ++b) {
+      auto [x, y] = val->batch(0, b);
+      lamp::AutocastGuard autocast(
+          device.type(), precision.dtype, precision.amp);
+      sum += model->loss(x.to(device), y.to(device));
+    }
+    if (world > 1) {
+      pg->allreduce(sum, lamp::dist::ReduceOp::kAvg);
+    }
+    model->train();
+    return sum.item<double>() / n;
+  };
+
+  const double tokens_per_step = double(world * batch * opt.grad_accum * seq);
+  // nanoGPT's estimate_mfu: 6 N + 12 L H Q T flops a token.
+  const double flops_per_token = 6.0 * model->num_params() +
+      12.0 * config.n_layer * config.n_embd * seq;
+  auto throughput = [&](double steps_per_s) {
+    const double tokens_s = steps_per_s * tokens_per_step;
+    char line[96];
+    std::snprintf(line, sizeof line, "  %.0f tokens/s", tokens_s);
+    std::string out = line;
+    if (device.is_cuda()) { // MFU against a GPU's peak
+      std::snprintf(
+          line,
+          sizeof line,
+          "  MFU %.1f %%",
+          100 * tokens_s * flops_per_token / (opt.peak_tflops * 1e12 * world));
+      out += line;
+    }
+    return out;
+  };
+
+  std::vector<double> step_ms;
+  torch::Tensor loss;
+  examples::Progress progress(opt.model, total, step, opt.log_every, print);
+  int64_t done = 0;
+  while (step < total) {
+    examples::synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    const auto in = batch_at(step);
+    loss = graphed ? (*graphed)(in) : train_step(in);
+    examples::synchronize(device);
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+    ++step;
+    ++done;
+    if (schedule) {
+      schedule->step();
+    }
+    if (step > warmup) {
+      step_ms.push_back(ms);
+    }
+    progress.update(
+        step,
+        [&] { return std::make_pair(loss.item<double>(), scaler.get_scale()); },
+        throughput);
+    if (step % opt.log_every == 0 || step == total) {
+      metrics.write(
+          {{"kind", std::string("step")},
+           {"step", step},
+           {"loss", loss.item<double>()},
+           {"lr", optimizer.param_groups()[0].options().get_lr()},
+           {"scale", scaler.get_scale()},
+           {"step_ms", ms},
+           {"tokens_per_s", tokens_per_step * 1000.0 / ms}});
+    }
+    if (val && ((opt.eval_every > 0 && step % opt.eval_every == 0) ||
+                step == total)) {
+      const double v = evaluate();
+      progress.finish();
+      if (print) {
+        std::printf(
+            "gpt_amp: step %lld: validation loss %.4f\n",
+            static_cast<long long>(step),
+            v);
+      }
+      metrics.write(
+          {{"kind", std::string("eval")}, {"step", step}, {"val_loss", v}});
+    }
+    if (!checkpoints.after_step(state, step, total, done)) {
+      progress.finish();
+      if (print) {
+        std::printf(
+            "gpt_amp: stopped after %lld steps (--stop-after)\n",
+            static_cast<long long>(done));
+      }
+      return 0;
+    }
+  }
+  progress.finish();
+
+  const double median_ms = examples::median(step_ms);
+  const double tokens_s = tokens_per_step * 1000.0 / median_ms;
+  const double mfu =
+      tokens_s * flops_per_token / (opt.peak_tflops * 1e12 * world);
+  const double final_loss = loss.defined() ? loss.item<double>() : NAN;
+  const auto peak = examples::peak_memory_bytes(device);
+  metrics.write(
+      {{"kind", std::string("summary")},
+       {"impl", std::string(opt.cuda_graph ? "lamp-graphed" : "lamp")},
+       {"model", opt.model},
+       {"precision", precision.name},
+       {"device", device.str()},
+       {"world_size", world},
+       {"batch_size", batch},
+       {"grad_accum", opt.grad_accum},
+       {"seq_len", seq},
+       {"steps", static_cast<int64_t>(step_ms.size())},
+       {"ms_per_step", median_ms},
+       {"tokens_per_s", tokens_s},
+       {"mfu", mfu},
+       {"peak_memory_gib", peak / double(int64_t{1} << 30)},
+       {"final_loss", final_loss},
+       {"final_scale", scaler.get_scale()}});
+  if (print) {
+    std::printf(
+        "\n%-12s %-9s %10s %12s %7s %10s %10s\n",
+        "model",
+        "precision",
+        "ms/step",
+        "tokens/s",
+        "MFU",
+        "peak GiB",
+        "loss");
+    std::printf(
+        "%-12s %-9s %10.2f %12.0f %6.1f%% %10.2f %10.4f\n",
+        opt.model.c_str(),
+        precision.name.c_str(),
+        median_ms,
+        tokens_s,
+        100 * mfu,
+        peak / double(int64_t{1} << 30),
+        final_loss);
+  }
+
+  // A few tokens sampled from the trained model (temperature 1, top 50),
+  // from the first tokens of the validation data or a newline.
+  const int64_t n_sample = opt.sample_tokens >= 0
+      ? opt.sample_tokens
+      : (config.vocab_size <= 256 ? 200 : 0);
+  if (print && n_sample > 0) {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(opt.seed));
+    std::vector<int64_t> context{val ? val->batch(0, 0).first[0][0].item<int64_t>()
+                                     : int64_t{'\n'}};
+    std::vector<int64_t> sampled;
+    for (int64_t i = 0; i < n_sample; ++i) {
+      const int64_t from =
+          std::max<int64_t>(0, int64_t(context.size()) - config.block_size);
+      const auto idx =
+          torch::tensor(std::vector<int64_t>(context.begin() + from, context.end()))
+              .unsqueeze(0)
+              .to(device);
+      torch::Tensor logits;
+      {
+        lamp::AutocastGuard autocast(
+            device.type(), precision.dtype, precision.amp);
+        logits = model->last_logits(idx).to(torch::kFloat).cpu()[0];
+      }
+      const auto [top, index] = logits.topk(std::min<int64_t>(50, logits.size(0)));
+      const auto pick =
+          torch::multinomial(torch::softmax(top, 0), 1, false, generator);
+      const int64_t token = index[pick.item<int64_t>()].item<int64_t>();
+      context.push_back(token);
+      sampled.push_back(token);
+    }
+    std::printf(
+        "\ngpt_amp: %lld sampled tokens:\n%s\n",
+        static_cast<long long>(n_sample),
+        as_text(sampled, config.vocab_size).c_str());
+  }
+  if (opt.max_loss > 0 && !(final_loss <= opt.max_loss)) {
+    if (print) {
+      std::fprintf(
+          stderr,
+          "gpt_amp: FAILED: final loss %.4f > --max-loss %.4f\n",
+          final_loss,
+          opt.max_loss);
+    }
+    return 1;
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{
+      "Train GPT-2 (nanoGPT's and llm.c's model) with automatic mixed "
+      "precision (lamp)"};
+  const char* model = "Model";
+  const char* speed = "Precision and speed";
+  const char* data = "Data";
+  const char* loop = "Training loop";
+  const char* output = "Output";
+  const char* dist = "Distributed";
+  app.add_option(
+         "--model",
+         opt.model,
+         "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl "
+         "(1.5B) or tiny (2 layers of 64 on bytes, for the CPU)")
+      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny"}))
+      ->capture_default_str()
+      ->group(model);
+  app.add_option(
+         "--vocab-size",
+         opt.vocab_size,
+         "vocabulary (default: the model's, 50304 or 256 for tiny)")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->group(model);
+  app.add_option("--dropout", opt.dropout, "dropout probability")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str()
+      ->group(model);
+  app.add_option(
+         "--precision",
+         opt.precision,
+         "fp32, fp16 (with loss scaling) or bf16 (default: bf16)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->group(speed);
+  app.add_option("--device", opt.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str()
+      ->group(speed);
+  app.add_flag(
+         "--cuda-graph",
+         opt.cuda_graph,
+         "capture the whole step in a CUDA graph and replay it (GPU only)")
+      ->group(speed);
+  app.add_option(
+         "--peak-tflops",
+         opt.peak_tflops,
+         "the GPU's dense bf16 peak, for MFU (H100/H200 SXM: 989)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(speed);
+  app.add_option(
+         "--data",
+         opt.data,
+         "training tokens: a .bin file in llm.c's layout "
+         "(tools/make_tokens.py); default: random tokens")
+      ->group(data);
+  app.add_option(
+         "--val-data", opt.val_data, "validation tokens (.bin), for the validation loss")
+      ->group(data);
+  app.add_option(
+         "--seq-len", opt.seq_len, "tokens a sequence (default: the block size, 1024; tiny 64)")
+      ->check(CLI::PositiveNumber)
+      ->group(data);
+  app.add_option(
+         "--batch-size",
+         opt.batch_size,
+         "sequences a micro-batch, per process (default 16; CPU 4)")
+      ->check(CLI::PositiveNumber)
+      ->group(loop);
+  app.add_option(
+         "--grad-accum",
+         opt.grad_accum,
+         "micro-batches an optimizer step (gradient accumulation)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(loop);
+  app.add_option(
+         "--steps", opt.steps, "timed optimizer steps (default 50; CPU 20)")
+      ->check(CLI::PositiveNumber)
+      ->group(loop);
+  app.add_option(
+         "--warmup",
+         opt.warmup,
+         "untimed optimizer steps before them (default 10; CPU 2)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(loop);
+  app.add_option("--lr", opt.lr, "AdamW's learning rate (see --lr-schedule)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(loop);
+  app.add_option(
+         "--weight-decay",
+         opt.weight_decay,
+         "AdamW's weight decay, on matrices and embeddings only")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group(loop);
+  app.add_option("--seed", opt.seed, "seed of the weights and the data order")
+      ->capture_default_str()
+      ->group(loop);
+  app.add_option(
+         "--eval-every",
+         opt.eval_every,
+         "steps between validation losses (0: only at the end; needs --val-data)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group(loop);
+  app.add_option(
+         "--eval-batches", opt.eval_batches, "validation batches a validation loss")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(loop);
+  opt.run.lr_schedule = "cosine";
+  opt.run.clip_grad_norm = 1.0;
+  examples::add_run_flags(app, opt.run);
+  app.add_option(
+         "--sample-tokens",
+         opt.sample_tokens,
+         "tokens to sample at the end (default: 200 for byte vocabularies, "
+         "else 0)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(output);
+  app.add_option("--log-every", opt.log_every, "steps between progress and metrics lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group(output);
+  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
+      ->group(output);
+  app.add_option(
+         "--max-loss",
+         opt.max_loss,
+         "exit 1 if the final training loss is above this (0: no check)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(output);
+  app.add_option(
+         "--save-init",
+         opt.save_init,
+         "write the initial weights to this checkpoint (for "
+         "benchmarks/gpt2.py --init)")
+      ->group(output);
+  app.add_flag(
+         "--ddp",
+         opt.ddp,
+         "data-parallel over torchrun's processes, one GPU each; "
+         "--batch-size is per process")
+      ->group(dist);
+  CLI11_PARSE(app, argc, argv);
+  if (opt.model == "tiny" && opt.seq_len == 0) {
+    opt.seq_len = 64;
+  }
+  if (opt.precision.empty()) {
+    opt.precision = "bf16";
+  }
+
+  const examples::RunPlace place =
+      examples::place_run("gpt_amp", opt.ddp, opt.device, opt.cuda_graph);
+  if (place.exit_status != 0) {
+    return place.exit_status;
+  }
+  const bool print = examples::rank(place.pg) == 0;
+  try {
+    examples::JsonLines metrics(print ? opt.metrics : "");
+    if (print) {
+      std::cout << lamp::build_info() << "\n";
+    }
+    return run(opt, place, metrics);
+  } catch (const std::exception& e) {
+    return examples::report_failure("gpt_amp", e);
+  }
+}
