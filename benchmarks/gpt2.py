@@ -7,8 +7,8 @@ projection with causal scaled_dot_product_attention, GELU(tanh) MLP, lm_head
 tied to wte, GPT-2's initialisation), with its modules at the top level so that
 the state_dict keys match lamp's checkpoints (`wte.weight`,
 `h.0.attn.c_attn.weight`, `lm_head.weight`). The optimizer is AdamW (fused on
-CUDA) with weight decay on the matrices only and nanoGPT's schedule (linear
-warm-up, then cosine to --min-lr).
+CUDA) with weight decay on the matrices only and lamp's examples' schedule (linear
+warm-up, then cosine to 0).
 
 Each step is timed between two synchronisations, batch sampling included;
 ms_per_step is the median of the --steps timed steps after --warmup untimed
@@ -181,14 +181,16 @@ def load_tokens(path, vocab_size):
     return tokens
 
 
-def lr_at(it, args):
-    """nanoGPT's get_lr: linear warm-up, then cosine down to min_lr."""
-    if it < args.warmup_iters:
-        return args.lr * (it + 1) / (args.warmup_iters + 1)
-    if it >= args.lr_decay_iters:
-        return args.min_lr
-    ratio = (it - args.warmup_iters) / (args.lr_decay_iters - args.warmup_iters)
-    return args.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
+def make_schedule(optimizer, warmup_steps, total):
+    """lamp's examples' --lr-schedule cosine (examples/training.h): a linear
+    warm-up, then cosine annealing to 0, as Python's own schedulers."""
+    S = torch.optim.lr_scheduler
+    if warmup_steps <= 0:
+        return S.CosineAnnealingLR(optimizer, T_max=total)
+    w = min(warmup_steps, total)
+    return S.SequentialLR(optimizer, [
+        S.LinearLR(optimizer, 1.0 / w, 1.0, w),
+        S.CosineAnnealingLR(optimizer, T_max=max(total - w, 1))], milestones=[w])
 
 
 def parse_args():
@@ -210,9 +212,8 @@ def parse_args():
     a("--checkpointing", action="store_true",
       help="recompute each block in the backward pass (activation checkpointing)")
     a("--lr", type=float, default=6e-4)
-    a("--min-lr", type=float, help="default: --lr / 10")
-    a("--warmup-iters", type=int, default=0, help="linear learning-rate warm-up")
-    a("--lr-decay-iters", type=int, help="default: --warmup + --steps")
+    a("--warmup-steps", type=int, default=0,
+      help="linear learning-rate warm-up before the cosine schedule")
     a("--weight-decay", type=float, default=0.1)
     a("--clip-grad-norm", type=float, default=1.0, help="0: off")
     a("--data", help="tokens in llm.c's .bin layout (default: random tokens)")
@@ -227,9 +228,6 @@ def parse_args():
     args.vocab_size = vocab if args.vocab_size is None else args.vocab_size
     args.cfg = GPTConfig(n_layer, n_head, n_embd, args.vocab_size, block, args.dropout)
     args.seq_len = args.seq_len or block
-    args.min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.warmup + args.steps
     if not 1 <= args.seq_len <= block:
         p.error(f"--seq-len must be in 1..{block} (the block size of {args.model})")
     for name in ("vocab_size", "batch_size", "grad_accum", "steps", "log_every"):
@@ -294,27 +292,43 @@ def main():
     data = load_tokens(args.data, cfg.vocab_size) if args.data else None
     if data is not None and len(data) < T + 1:
         fail(f"{args.data} holds {len(data)} tokens, fewer than --seq-len + 1 = {T + 1}")
-    gen = torch.Generator().manual_seed(args.seed)
+    A = args.grad_accum
+    windows = (len(data) - 1) // T if data is not None else 0
+    per_epoch = windows // (B * A)
+    if data is not None and per_epoch < 1:
+        fail(f"{args.data}: {windows} windows of {T + 1} tokens, fewer than a batch of {B * A}")
+    order = {}
 
-    def next_batch():
-        # Windows of T + 1 tokens: the inputs and, shifted by one, the targets.
+    def batch_at(step):
+        """lamp::data::TokenDataset's batch `step` (examples/gpt_amp): window
+        w is tokens [w T, w T + T], the windows of an epoch in the order of
+        torch.randperm seeded with seed + epoch (DistributedSampler, one
+        rank); or lamp's random tokens for that step."""
         if data is None:
-            xy = torch.randint(cfg.vocab_size, (B, T + 1), generator=gen)
+            g = torch.Generator().manual_seed(args.seed * 1000003 + step)
+            xy = torch.randint(cfg.vocab_size, (B * A, T + 1), generator=g)
         else:
-            starts = torch.randint(len(data) - T, (B,), generator=gen).tolist()
-            xy = torch.from_numpy(np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64))
+            epoch, index = divmod(step, per_epoch)
+            if epoch not in order:
+                g = torch.Generator().manual_seed(args.seed + epoch)
+                order.clear()
+                order[epoch] = torch.randperm(windows, generator=g).tolist()
+            starts = order[epoch][index * B * A:(index + 1) * B * A]
+            xy = torch.from_numpy(
+                np.stack([data[w * T:w * T + T + 1] for w in starts]).astype(np.int64))
         xy = xy.to(device)
         return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
 
+    schedule = make_schedule(optimizer, args.warmup_steps, args.warmup + args.steps)
+
     def train_step(it):
-        lr = lr_at(it, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = optimizer.param_groups[0]["lr"]
         total = torch.zeros((), device=device)
-        for _ in range(args.grad_accum):
-            x, y = next_batch()
+        x_all, y_all = batch_at(it)
+        for a in range(A):
+            x, y = x_all[a * B:(a + 1) * B], y_all[a * B:(a + 1) * B]
             with torch.autocast(device.type, dtype=dtype, enabled=amp):
-                loss = step_model(x, y) / args.grad_accum
+                loss = step_model(x, y) / A
             scaler.scale(loss).backward()
             total += loss.detach()
         if args.clip_grad_norm > 0:
@@ -323,6 +337,7 @@ def main():
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        schedule.step()
         return total, lr
 
     def sync():

@@ -63,6 +63,7 @@ struct Options {
   double peak_tflops = 989;
   std::string metrics;
   std::string save_init;
+  std::string trace;
   double max_loss = 0; // 0: no check
   examples::RunOptions run;
 };
@@ -251,8 +252,15 @@ int run(
   torch::Tensor loss;
   examples::Progress progress(opt.model, total, step, opt.log_every, print);
   int64_t done = 0;
+  std::optional<examples::Trace> trace;
+  const int64_t traced_steps = 3;
   while (step < total) {
     examples::synchronize(device);
+    if (!opt.trace.empty() && print &&
+        step == std::max<int64_t>(warmup, total - traced_steps)) {
+      trace.emplace(opt.trace);
+      trace->start();
+    }
     const auto start = std::chrono::steady_clock::now();
     const auto in = batch_at(step);
     loss = graphed ? (*graphed)(in) : train_step(in);
@@ -262,6 +270,7 @@ int run(
                           .count();
     ++step;
     ++done;
+    const double lr = optimizer.param_groups()[0].options().get_lr();
     if (schedule) {
       schedule->step();
     }
@@ -277,7 +286,7 @@ int run(
           {{"kind", std::string("step")},
            {"step", step},
            {"loss", loss.item<double>()},
-           {"lr", optimizer.param_groups()[0].options().get_lr()},
+           {"lr", lr},
            {"scale", scaler.get_scale()},
            {"step_ms", ms},
            {"tokens_per_s", tokens_per_step * 1000.0 / ms}});
@@ -306,6 +315,9 @@ int run(
     }
   }
   progress.finish();
+  if (trace) {
+    trace->stop();
+  }
 
   const double median_ms = examples::median(step_ms);
   const double tokens_s = tokens_per_step * 1000.0 / median_ms;
@@ -538,6 +550,12 @@ int main(int argc, char** argv) {
          opt.max_loss,
          "exit 1 if the final training loss is above this (0: no check)")
       ->check(CLI::NonNegativeNumber)
+      ->group(output);
+  app.add_option(
+         "--trace",
+         opt.trace,
+         "write a Chrome trace of the last 3 steps' ops and kernels to this "
+         "file (tools/trace_summary.py sums it)")
       ->group(output);
   app.add_option(
          "--save-init",

@@ -12,8 +12,10 @@
 #   MODEL=gpt2-medium BATCH=8 SKIP=pytorch-compile-max-autotune-no-cudagraphs \
 #     OUT=<dir> tools/gpu/gpt2_bench.sh
 # Env: OUT (required), MODEL (gpt2), BATCH (16), SEQ (1024), STEPS (50, timed),
+# DATA (a token file for every run; default: random tokens), TRACE (set: lamp's
+# graphed run writes $OUT/lamp_trace.json),
 # SKIP (runs to leave out, by name, separated by spaces or commas: lamp,
-# pytorch-eager, pytorch-compile-default,
+# lamp-eager, pytorch-eager, pytorch-compile-default,
 # pytorch-compile-max-autotune-no-cudagraphs), TIMEOUT (seconds for each run;
 # 0, the default, is no limit), LAMP_ARGS and PY_ARGS (more flags for one
 # side, e.g. PY_ARGS="--checkpointing"). Compiling gpt2 with
@@ -37,7 +39,9 @@ say() { echo "[gpt2_bench $(($(date +%s) - T0))s] $*"; }
 # The libraries of .deps/, when lamp was built against them.
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 
-RUNS=(lamp pytorch-eager pytorch-compile-default pytorch-compile-max-autotune-no-cudagraphs)
+RUNS=(lamp lamp-eager pytorch-eager pytorch-compile-default pytorch-compile-max-autotune-no-cudagraphs)
+DATA_ARGS=()
+[[ -n ${DATA:-} ]] && DATA_ARGS=(--data "$DATA")
 FAILED=()
 
 # run NAME COMMAND...: runs it unless SKIP names it, its output to the
@@ -62,8 +66,12 @@ LAMP=build-gpu/examples/gpt_amp
 if [[ -x $LAMP || $SKIP == *" lamp "* ]]; then
   # shellcheck disable=SC2086 # LAMP_ARGS and PY_ARGS are lists of flags
   run lamp "$LAMP" --model "$MODEL" --batch-size "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --cuda-graph --steps "$STEPS" --warmup 10 \
-    --metrics "$OUT/lamp.jsonl" ${LAMP_ARGS:-}
+    --precision bf16 --cuda-graph --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
+    --metrics "$OUT/lamp.jsonl" ${TRACE:+--trace "$OUT/lamp_trace.json"} ${LAMP_ARGS:-}
+  # shellcheck disable=SC2086
+  run lamp-eager "$LAMP" --model "$MODEL" --batch-size "$BATCH" --seq-len "$SEQ" \
+    --precision bf16 --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
+    --metrics "$OUT/lamp-eager.jsonl" ${LAMP_ARGS:-}
 else
   say "lamp: $LAMP is missing; build it first (cmake --build build-gpu --target gpt_amp)"
   FAILED+=(lamp)
@@ -74,7 +82,7 @@ for mode in none default max-autotune-no-cudagraphs; do
   # shellcheck disable=SC2086
   run "$name" python3 benchmarks/gpt2.py --model "$MODEL" --batch-size "$BATCH" \
     --seq-len "$SEQ" --precision bf16 --compile "$mode" --device cuda \
-    --steps "$STEPS" --warmup 10 --metrics "$OUT/$name.jsonl" ${PY_ARGS:-}
+    --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" --metrics "$OUT/$name.jsonl" ${PY_ARGS:-}
 done
 
 say "summary: $MODEL, batch $BATCH, sequence $SEQ, bf16, median of $STEPS steps"
