@@ -27,4 +27,5 @@ for path in sys.stdin:
 print(f"corpus: {total >> 20} MB of text")
 ' "$MB" "$DIR/text/corpus.txt"
 python3 tools/make_tokens.py "$DIR/text/corpus.txt" --out-dir "$DIR" \
-  --tokenizer bpe --vocab-size 50257
+  --tokenizer bpe --vocab-size 50257 ||
+  python3 tools/make_tokens.py "$DIR/text/corpus.txt" --out-dir "$DIR" # bytes
