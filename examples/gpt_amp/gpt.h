@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -116,9 +118,19 @@ struct BlockImpl : torch::nn::Module {
         "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     mlp = register_module("mlp", Mlp(c));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    x = x + attn(ln_1(x));
-    return x + mlp(ln_2(x));
+  /// `h` is the residual stream and `pending` the previous block's MLP
+  /// output, not yet added to it (undefined before the first block): each
+  /// add runs in one kernel with the LayerNorm after it
+  /// (lamp::nn::add_layer_norm). Returns the stream and this block's MLP
+  /// output, pending likewise.
+  std::pair<torch::Tensor, torch::Tensor> forward(
+      const torch::Tensor& h,
+      const torch::Tensor& pending) {
+    auto [h1, y1] =
+        lamp::nn::add_layer_norm(h, pending, ln_1->weight, ln_1->bias);
+    auto a = attn(y1);
+    auto [h2, y2] = lamp::nn::add_layer_norm(h1, a, ln_2->weight, ln_2->bias);
+    return {h2, mlp(y2)};
   }
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
@@ -173,10 +185,12 @@ struct GptImpl : torch::nn::Module {
         config.block_size);
     const auto pos = torch::arange(t, idx.options());
     auto x = drop(wte(idx) + wpe(pos));
+    torch::Tensor pending;
     for (auto& block : blocks) {
-      x = block(x);
+      std::tie(x, pending) = block->forward(x, pending);
     }
-    return ln_f(x);
+    return lamp::nn::add_layer_norm(x, pending, ln_f->weight, ln_f->bias)
+        .second;
   }
 
   /// The mean cross-entropy of predicting `targets` [B, T], without the

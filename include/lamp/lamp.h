@@ -14,6 +14,7 @@
 #include <lamp/distributed.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
+#include <lamp/nn/add_layer_norm.h>
 #include <lamp/nn/avg_pool.h>
 #include <lamp/nn/batch_count.h>
 #include <lamp/nn/batch_norm_act.h>

@@ -1,0 +1,135 @@
+#include <lamp/nn/add_layer_norm.h>
+
+#include <lamp/config.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#if LAMP_WITH_CUDA
+#include "add_layer_norm_cuda.h"
+#endif
+
+// Note [Residual add and LayerNorm in one pass]
+// Forward, a warp a row: the row of x plus the residual in registers, its
+// mean and (two-pass) variance, then the sum and y written in one go; the
+// mean and 1/std kept for backward. Backward, a warp a row again: y's
+// gradient and the saved sum give LayerNorm's input gradient, to which the
+// sum's own gradient (the residual stream's, from further on) is added: that
+// is both x's and the residual's gradient. The weight's and bias's
+// gradients are column sums over all rows: each block sums its rows, then
+// one small kernel sums the blocks in a fixed order (no atomics: the same
+// bits every run).
+
+namespace lamp::nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+#if LAMP_WITH_CUDA
+class AddLayerNormFunction
+    : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  // Returns {y} without a residual, {sum, y} with one.
+  static variable_list forward(
+      AutogradContext* ctx,
+      const at::Tensor& x,
+      const at::Tensor& residual,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      double eps,
+      at::ScalarType y_dtype) {
+    ctx->set_materialize_grads(false);
+    auto out = detail::cuda_add_norm_forward(
+        x, residual, weight, bias, eps, y_dtype);
+    const bool has_residual = residual.defined();
+    ctx->save_for_backward(
+        {has_residual ? out.sum : x, weight, out.mean, out.rstd});
+    ctx->saved_data["has_residual"] = has_residual;
+    ctx->saved_data["has_bias"] = bias.defined();
+    if (has_residual) {
+      ctx->saved_data["residual_dtype"] = residual.scalar_type();
+      return {out.sum, out.y};
+    }
+    return {out.y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "lamp::nn::add_layer_norm: no double backward (backward with "
+        "create_graph=true); use x + residual and torch::layer_norm for that");
+    const bool has_residual = ctx->saved_data["has_residual"].toBool();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor dsum = has_residual ? grads[0] : at::Tensor();
+    const at::Tensor dy = has_residual ? grads[1] : grads[0];
+    if (!dy.defined() && !dsum.defined()) {
+      return variable_list(6);
+    }
+    std::optional<at::ScalarType> residual_dtype;
+    if (has_residual) {
+      residual_dtype = ctx->saved_data["residual_dtype"].toScalarType();
+    }
+    auto g = detail::cuda_add_norm_backward(
+        saved[0],
+        saved[1],
+        saved[2],
+        saved[3],
+        dy,
+        dsum,
+        residual_dtype,
+        ctx->saved_data["has_bias"].toBool());
+    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
+} // namespace
+
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias,
+    double eps) {
+  TORCH_CHECK(
+      x.defined() && weight.defined(),
+      "lamp::nn::add_layer_norm: x and weight must be defined");
+  TORCH_CHECK_VALUE(
+      x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
+          (!bias.defined() || bias.sizes() == weight.sizes()) &&
+          (!residual.defined() || residual.sizes() == x.sizes()),
+      "lamp::nn::add_layer_norm: expected x (..., C), residual like x, and "
+      "weight and bias (C); got x ",
+      x.sizes(),
+      ", residual ",
+      residual.defined() ? residual.sizes() : c10::IntArrayRef{},
+      ", weight ",
+      weight.sizes());
+  const auto device = x.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device) &&
+      at::autocast::is_autocast_eligible(x, device);
+  const auto y_dtype =
+      autocast ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+#if LAMP_WITH_CUDA
+  if (detail::add_norm_supported(x, residual, weight, bias, y_dtype)) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(
+        c10::autocast_dispatch_keyset);
+    auto out =
+        AddLayerNormFunction::apply(x, residual, weight, bias, eps, y_dtype);
+    if (residual.defined()) {
+      return {out[0], out[1]};
+    }
+    return {x, out[0]};
+  }
+#endif
+  // ATen's ops: what Python runs (under autocast the LayerNorm in fp32, then
+  // the cast that the next GEMM would make).
+  const auto sum = residual.defined() ? x + residual : x;
+  const auto y =
+      at::layer_norm(sum, {x.size(-1)}, weight, bias, eps).to(y_dtype);
+  return {sum, y};
+}
+
+} // namespace lamp::nn
