@@ -192,6 +192,9 @@ int run(
       {
         lamp::AutocastGuard autocast(
             device.type(), precision.dtype, precision.amp);
+        // Every linear layer's weight and bias cast in one kernel (their
+        // gradients back in another) instead of one each.
+        lamp::CastWeightsGuard cast(*model, device.type());
         loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
       }
       scaler.scale(loss).backward();

@@ -20,7 +20,8 @@ namespace lamp {
 /// kernel a weight, and its gradient is cast back in another: ResNet-50 runs
 /// 110 such small kernels a step (0.3 ms of an H200's 10 ms at batch 64).
 /// The guard makes one list of the fp32 parameters of every `Conv1d`,
-/// `Conv2d`, `Conv3d`, `ConvTranspose1d/2d/3d` and `Linear` in `model`
+/// `Conv2d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `Linear` and
+/// `lamp::nn::Linear` in `model`
 /// (submodules included) on `device_type`, casts them all with one
 /// `_foreach_copy_` (a custom autograd function whose backward casts every
 /// gradient with another) and points the modules' `weight` and `bias`

@@ -1,5 +1,7 @@
 #include <lamp/cast_weights.h>
 
+#include <lamp/nn/linear.h>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_foreach_copy.h>
@@ -95,6 +97,9 @@ std::vector<at::Tensor*> cast_members(torch::nn::Module& m) {
     return {&c->weight, &c->bias};
   }
   if (auto* c = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
+    return {&c->weight, &c->bias};
+  }
+  if (auto* c = dynamic_cast<lamp::nn::LinearImpl*>(&m)) {
     return {&c->weight, &c->bias};
   }
   if (auto* c = dynamic_cast<torch::nn::Conv1dImpl*>(&m)) {

@@ -3,6 +3,7 @@
 // modules' members always restored.
 #include <lamp/autocast.h>
 #include <lamp/cast_weights.h>
+#include <lamp/nn/linear.h>
 #include <lamp/cuda_graph.h>
 #include <lamp/optim.h>
 
@@ -164,6 +165,33 @@ TEST(CastWeights, SharedWeightIsCastOnce) {
   }
   EXPECT_TRUE(torch::allclose(grads[1], grads[0], 1e-2, 1e-2));
   EXPECT_TRUE(b->weight.is_same(a->weight));
+}
+
+// lamp::nn::Linear's members are cast too: the same bits and gradients as
+// autocast's own casts.
+TEST(CastWeights, CastsLampLinearsToo) {
+  torch::manual_seed(5);
+  torch::nn::Sequential net(lamp::nn::Linear(8, 6), lamp::nn::Linear(6, 3));
+  const auto x = torch::randn({2, 4, 8});
+  std::vector<torch::Tensor> outs, grads;
+  for (bool guard : {false, true}) {
+    net->zero_grad();
+    torch::Tensor y;
+    {
+      lamp::AutocastGuard autocast(torch::kCPU);
+      std::optional<lamp::CastWeightsGuard> cast;
+      if (guard) {
+        cast.emplace(*net, torch::kCPU);
+        EXPECT_EQ(cast->size(), 4u);
+      }
+      y = net->forward(x);
+    }
+    y.to(torch::kFloat).pow(2).sum().backward();
+    outs.push_back(y.detach());
+    grads.push_back(net[0]->as<lamp::nn::Linear>()->weight.grad().clone());
+  }
+  EXPECT_TRUE(torch::equal(outs[0], outs[1]));
+  EXPECT_TRUE(torch::equal(grads[0], grads[1]));
 }
 
 TEST(CastWeights, DoesNothingWithoutAutocast) {
