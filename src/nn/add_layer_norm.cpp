@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 #if LAMP_WITH_CUDA
 #include "add_layer_norm_cuda.h"
 #endif
@@ -32,15 +34,19 @@ class AddLayerNormFunction
     : public torch::autograd::Function<AddLayerNormFunction> {
  public:
   // Returns {y} without a residual, {sum, y} with one.
+  // NOTE: optional tensors, not undefined ones: apply() asks every tensor
+  // argument for its device.
   static variable_list forward(
       AutogradContext* ctx,
       const at::Tensor& x,
-      const at::Tensor& residual,
+      const std::optional<at::Tensor>& maybe_residual,
       const at::Tensor& weight,
-      const at::Tensor& bias,
+      const std::optional<at::Tensor>& maybe_bias,
       double eps,
       at::ScalarType y_dtype) {
     ctx->set_materialize_grads(false);
+    const at::Tensor residual = maybe_residual.value_or(at::Tensor());
+    const at::Tensor bias = maybe_bias.value_or(at::Tensor());
     auto out = detail::cuda_add_norm_forward(
         x, residual, weight, bias, eps, y_dtype);
     const bool has_residual = residual.defined();
@@ -116,8 +122,14 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
   if (detail::add_norm_supported(x, residual, weight, bias, y_dtype)) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(
         c10::autocast_dispatch_keyset);
-    auto out =
-        AddLayerNormFunction::apply(x, residual, weight, bias, eps, y_dtype);
+    auto out = AddLayerNormFunction::apply(
+        x,
+        residual.defined() ? std::optional<at::Tensor>(residual)
+                           : std::nullopt,
+        weight,
+        bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+        eps,
+        y_dtype);
     if (residual.defined()) {
       return {out[0], out[1]};
     }
