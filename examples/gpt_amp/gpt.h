@@ -54,9 +54,11 @@ inline std::optional<Config> config_of(const std::string& name) {
 /// same tensor (LibTorch's parameters() lists it twice; lamp treats it as
 /// one parameter, as Python does).
 struct TiedHeadImpl : torch::nn::Module {
+  // [snippet tied-head]
   explicit TiedHeadImpl(const torch::Tensor& shared) {
     weight = register_parameter("weight", shared);
   }
+  // [end snippet]
   torch::Tensor forward(const torch::Tensor& x) {
     return lamp::nn::linear(x, weight);
   }
@@ -123,6 +125,7 @@ struct BlockImpl : torch::nn::Module {
   /// add runs in one kernel with the LayerNorm after it
   /// (lamp::nn::add_layer_norm). Returns the stream and this block's MLP
   /// output, pending likewise.
+  // [snippet gpt-block]
   std::pair<torch::Tensor, torch::Tensor> forward(
       const torch::Tensor& h,
       const torch::Tensor& pending) {
@@ -132,6 +135,7 @@ struct BlockImpl : torch::nn::Module {
     auto [h2, y2] = lamp::nn::add_layer_norm(h1, a, ln_2->weight, ln_2->bias);
     return {h2, mlp(y2)};
   }
+  // [end snippet]
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
@@ -195,10 +199,12 @@ struct GptImpl : torch::nn::Module {
 
   /// The mean cross-entropy of predicting `targets` [B, T], without the
   /// logits ever existing whole (lamp::nn::linear_cross_entropy).
+  // [snippet gpt-loss]
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets) {
     return lamp::nn::linear_cross_entropy(
         hidden(idx), lm_head->weight, targets);
   }
+  // [end snippet]
 
   /// The logits of the last position, [B, V] (for sampling).
   torch::Tensor last_logits(const torch::Tensor& idx) {
