@@ -6,6 +6,7 @@
 #include <lamp/autocast.h>
 #include <lamp/nn/add_layer_norm.h>
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
