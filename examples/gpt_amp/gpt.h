@@ -69,10 +69,11 @@ TORCH_MODULE(TiedHead);
 struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(const Config& c)
       : n_head(c.n_head), dropout(c.dropout) {
-    c_attn = register_module("c_attn", lamp::nn::Linear(c.n_embd, 3 * c.n_embd));
+    c_attn =
+        register_module("c_attn", lamp::nn::Linear(c.n_embd, 3 * c.n_embd));
     c_proj = register_module("c_proj", lamp::nn::Linear(c.n_embd, c.n_embd));
-    resid_dropout = register_module(
-        "resid_dropout", torch::nn::Dropout(c.dropout));
+    resid_dropout =
+        register_module("resid_dropout", torch::nn::Dropout(c.dropout));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
@@ -100,7 +101,8 @@ TORCH_MODULE(Attention);
 struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(const Config& c) {
     c_fc = register_module("c_fc", lamp::nn::Linear(c.n_embd, 4 * c.n_embd));
-    c_proj = register_module("c_proj", lamp::nn::Linear(4 * c.n_embd, c.n_embd));
+    c_proj =
+        register_module("c_proj", lamp::nn::Linear(4 * c.n_embd, c.n_embd));
     dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -239,7 +241,8 @@ struct GptImpl : torch::nn::Module {
     without->weight_decay(0.0);
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(
-        std::move(decay), std::make_unique<torch::optim::AdamWOptions>(options));
+        std::move(decay),
+        std::make_unique<torch::optim::AdamWOptions>(options));
     groups.emplace_back(std::move(no_decay), std::move(without));
     return groups;
   }
@@ -251,7 +254,6 @@ struct GptImpl : torch::nn::Module {
   std::vector<Block> blocks;
   torch::nn::LayerNorm ln_f{nullptr};
   TiedHead lm_head{nullptr};
-
 };
 TORCH_MODULE(Gpt);
 

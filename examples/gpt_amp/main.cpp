@@ -127,20 +127,22 @@ int run(
     val.emplace(opt.val_data, data_options.batch_size(batch).shuffle(false));
   }
   auto random_batch = [&](int64_t step) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(
-        static_cast<uint64_t>(opt.seed * 1000003 + step * world +
-                              examples::rank(pg)));
+    auto generator =
+        at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(
+            opt.seed * 1000003 + step * world + examples::rank(pg)));
     auto tokens = torch::randint(
         config.vocab_size,
         {batch * opt.grad_accum, seq + 1},
         generator,
         torch::kLong);
     return std::make_pair(
-        tokens.narrow(1, 0, seq).contiguous(), tokens.narrow(1, 1, seq).contiguous());
+        tokens.narrow(1, 0, seq).contiguous(),
+        tokens.narrow(1, 1, seq).contiguous());
   };
   auto batch_at = [&](int64_t step) {
-    auto b = train ? train->batch(step / train->batches_per_epoch(),
-                                  step % train->batches_per_epoch())
+    auto b = train ? train->batch(
+                         step / train->batches_per_epoch(),
+                         step % train->batches_per_epoch())
                    : random_batch(step);
     return std::vector<torch::Tensor>{
         b.first.to(device, /*non_blocking=*/true),
@@ -233,8 +235,8 @@ int run(
 
   const double tokens_per_step = double(world * batch * opt.grad_accum * seq);
   // nanoGPT's estimate_mfu: 6 N + 12 L H Q T flops a token.
-  const double flops_per_token = 6.0 * model->num_params() +
-      12.0 * config.n_layer * config.n_embd * seq;
+  const double flops_per_token =
+      6.0 * model->num_params() + 12.0 * config.n_layer * config.n_embd * seq;
   auto throughput = [&](double steps_per_s) {
     const double tokens_s = steps_per_s * tokens_per_step;
     char line[96];
@@ -294,8 +296,8 @@ int run(
            {"step_ms", ms},
            {"tokens_per_s", tokens_per_step * 1000.0 / ms}});
     }
-    if (val && ((opt.eval_every > 0 && step % opt.eval_every == 0) ||
-                step == total)) {
+    if (val &&
+        ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == total)) {
       const double v = evaluate();
       progress.finish();
       if (print) {
@@ -376,23 +378,24 @@ int run(
     model->eval();
     auto generator = at::make_generator<at::CPUGeneratorImpl>(
         static_cast<uint64_t>(opt.seed));
-    std::vector<int64_t> context{val ? val->batch(0, 0).first[0][0].item<int64_t>()
-                                     : int64_t{'\n'}};
+    std::vector<int64_t> context{
+        val ? val->batch(0, 0).first[0][0].item<int64_t>() : int64_t{'\n'}};
     std::vector<int64_t> sampled;
     for (int64_t i = 0; i < n_sample; ++i) {
       const int64_t from =
           std::max<int64_t>(0, int64_t(context.size()) - config.block_size);
-      const auto idx =
-          torch::tensor(std::vector<int64_t>(context.begin() + from, context.end()))
-              .unsqueeze(0)
-              .to(device);
+      const auto idx = torch::tensor(std::vector<int64_t>(
+                                         context.begin() + from, context.end()))
+                           .unsqueeze(0)
+                           .to(device);
       torch::Tensor logits;
       {
         lamp::AutocastGuard autocast(
             device.type(), precision.dtype, precision.amp);
         logits = model->last_logits(idx).to(torch::kFloat).cpu()[0];
       }
-      const auto [top, index] = logits.topk(std::min<int64_t>(50, logits.size(0)));
+      const auto [top, index] =
+          logits.topk(std::min<int64_t>(50, logits.size(0)));
       const auto pick =
           torch::multinomial(torch::softmax(top, 0), 1, false, generator);
       const int64_t token = index[pick.item<int64_t>()].item<int64_t>();
@@ -435,7 +438,8 @@ int main(int argc, char** argv) {
          opt.model,
          "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl "
          "(1.5B) or tiny (2 layers of 64 on bytes, for the CPU)")
-      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny"}))
+      ->check(CLI::IsMember(
+          {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny"}))
       ->capture_default_str()
       ->group(model);
   app.add_option(
@@ -477,10 +481,14 @@ int main(int argc, char** argv) {
          "(tools/make_tokens.py); default: random tokens")
       ->group(data);
   app.add_option(
-         "--val-data", opt.val_data, "validation tokens (.bin), for the validation loss")
+         "--val-data",
+         opt.val_data,
+         "validation tokens (.bin), for the validation loss")
       ->group(data);
   app.add_option(
-         "--seq-len", opt.seq_len, "tokens a sequence (default: the block size, 1024; tiny 64)")
+         "--seq-len",
+         opt.seq_len,
+         "tokens a sequence (default: the block size, 1024; tiny 64)")
       ->check(CLI::PositiveNumber)
       ->group(data);
   app.add_option(
@@ -528,7 +536,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->group(loop);
   app.add_option(
-         "--eval-batches", opt.eval_batches, "validation batches a validation loss")
+         "--eval-batches",
+         opt.eval_batches,
+         "validation batches a validation loss")
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group(loop);
@@ -542,7 +552,10 @@ int main(int argc, char** argv) {
          "else 0)")
       ->check(CLI::NonNegativeNumber)
       ->group(output);
-  app.add_option("--log-every", opt.log_every, "steps between progress and metrics lines")
+  app.add_option(
+         "--log-every",
+         opt.log_every,
+         "steps between progress and metrics lines")
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group(output);

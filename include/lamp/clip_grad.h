@@ -124,12 +124,12 @@ LAMP_API void clip_grads_with_norm_(
 /// with `norm_type` 2 and `error_if_nonfinite` false, CUDA gradients (one
 /// device; fp32, fp16 or bf16; dense; any number of them) are clipped by
 /// lamp's own two kernels, a sum of squares and a scale (two more for each
-/// further 176 gradients), instead of ATen's seven or eight (`_foreach_norm`, the norm of the norms, the coefficient's
-/// arithmetic, `_foreach_mul_`): a graphed step pays each kernel's launch.
-/// They sum in fp32 in another order, so the norm and the gradients equal
-/// Python's within fp32 rounding rather than bit for bit; pass
-/// `foreach = true` for Python's kernels exactly. Right after
-/// `GradScaler::unscale_` of the same fp32 or fp16 gradients (unchanged
+/// further 176 gradients), instead of ATen's seven or eight (`_foreach_norm`,
+/// the norm of the norms, the coefficient's arithmetic, `_foreach_mul_`): a
+/// graphed step pays each kernel's launch. They sum in fp32 in another order,
+/// so the norm and the gradients equal Python's within fp32 rounding rather
+/// than bit for bit; pass `foreach = true` for Python's kernels exactly. Right
+/// after `GradScaler::unscale_` of the same fp32 or fp16 gradients (unchanged
 /// since, listed in the optimizer's order, same stream) the sum of squares
 /// was already computed by the unscale's own kernel, and the clip is one
 /// kernel: the same result, bit for bit.

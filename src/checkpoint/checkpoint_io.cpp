@@ -180,8 +180,7 @@ c10::impl::GenericDict detail::detach_from_live_tensors(const Dict& dict) {
                  return t;
                }
                auto& s = seen[t.unsafeGetTensorImpl()];
-               const bool shared =
-                   s.holders > static_cast<long>(s.listed) ||
+               const bool shared = s.holders > static_cast<long>(s.listed) ||
                    (t.has_storage() && t.storage().use_count() > 1);
                if (!shared) {
                  return t;

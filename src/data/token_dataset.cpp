@@ -67,9 +67,7 @@ TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
   TORCH_CHECK(d.fd >= 0, p, ": cannot open (", std::strerror(errno), ")");
   struct stat st {};
   TORCH_CHECK(
-      fstat(d.fd, &st) == 0 && S_ISREG(st.st_mode),
-      p,
-      ": not a regular file");
+      fstat(d.fd, &st) == 0 && S_ISREG(st.st_mode), p, ": not a regular file");
   const auto bytes = static_cast<int64_t>(st.st_size);
   TORCH_CHECK(
       bytes >= kHeaderBytes,
@@ -124,11 +122,7 @@ TokenDataset::TokenDataset(std::string path, TokenDatasetOptions options)
   d.map_bytes = static_cast<size_t>(bytes);
   d.map = mmap(nullptr, d.map_bytes, PROT_READ, MAP_SHARED, d.fd, 0);
   TORCH_CHECK(
-      d.map != MAP_FAILED,
-      p,
-      ": cannot map (",
-      std::strerror(errno),
-      ")");
+      d.map != MAP_FAILED, p, ": cannot map (", std::strerror(errno), ")");
   d.tokens = reinterpret_cast<const uint16_t*>(
       static_cast<const char*>(d.map) + kHeaderBytes);
   d.sampler = DistributedSampler(

@@ -47,8 +47,8 @@ class AddLayerNormFunction
     ctx->set_materialize_grads(false);
     const at::Tensor residual = maybe_residual.value_or(at::Tensor());
     const at::Tensor bias = maybe_bias.value_or(at::Tensor());
-    auto out = detail::cuda_add_norm_forward(
-        x, residual, weight, bias, eps, y_dtype);
+    auto out =
+        detail::cuda_add_norm_forward(x, residual, weight, bias, eps, y_dtype);
     const bool has_residual = residual.defined();
     ctx->save_for_backward(
         {has_residual ? out.sum : x, weight, out.mean, out.rstd});
@@ -124,8 +124,7 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
         c10::autocast_dispatch_keyset);
     auto out = AddLayerNormFunction::apply(
         x,
-        residual.defined() ? std::optional<at::Tensor>(residual)
-                           : std::nullopt,
+        residual.defined() ? std::optional<at::Tensor>(residual) : std::nullopt,
         weight,
         bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
         eps,

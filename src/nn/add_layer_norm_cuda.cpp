@@ -99,9 +99,8 @@ std::vector<at::Tensor> cuda_add_norm_backward(
   const int64_t rows = sum.numel() / columns;
   // NOTE: an undefined dy (y unused) is a zero gradient.
   const auto dy = dy_in.defined() ? dy_in.contiguous() : at::zeros_like(sum);
-  const auto dsum = dsum_in.defined()
-      ? dsum_in.to(at::kFloat).contiguous()
-      : at::Tensor();
+  const auto dsum =
+      dsum_in.defined() ? dsum_in.to(at::kFloat).contiguous() : at::Tensor();
   auto dx = at::empty_like(sum);
   // NOTE: the residual's gradient equals x's, but is a tensor of its own
   // (autograd may accumulate into either in place).

@@ -28,7 +28,11 @@ __device__ __forceinline__ float load(const void* p, int64_t i, NormFormat f) {
   }
 }
 
-__device__ __forceinline__ void store(void* p, int64_t i, NormFormat f, float v) {
+__device__ __forceinline__ void store(
+    void* p,
+    int64_t i,
+    NormFormat f,
+    float v) {
   switch (f) {
     case NormFormat::kFloat:
       static_cast<float*>(p)[i] = v;

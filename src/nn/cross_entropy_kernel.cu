@@ -136,8 +136,7 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
       ms = add(ms, to_float(p.v[k]));
     }
   }
-  for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes;
-       j += kThreads) {
+  for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     ms = add(ms, to_float(row[j]));
   }
   ms = block_combine(ms);
@@ -162,8 +161,7 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
     }
     packed[i] = p;
   }
-  for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes;
-       j += kThreads) {
+  for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     const float g =
         ignored ? 0.f : expf(to_float(row[j]) - lse) - (j == t ? 1.f : 0.f);
     row[j] = from_float<T>(g);

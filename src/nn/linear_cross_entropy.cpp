@@ -91,10 +91,8 @@ class LinearCrossEntropyFunction
     }
     const int64_t chunk = chunk_size > 0
         ? chunk_size
-        : std::max<int64_t>(
-              1, kChunkBytes / (classes * weight.element_size()));
-    const bool fp32_dw =
-        !input.is_cuda() || weight.scalar_type() == at::kFloat;
+        : std::max<int64_t>(1, kChunkBytes / (classes * weight.element_size()));
+    const bool fp32_dw = !input.is_cuda() || weight.scalar_type() == at::kFloat;
     for (int64_t begin = 0; begin < rows; begin += chunk) {
       const int64_t n = std::min(chunk, rows - begin);
       const auto x = input.narrow(0, begin, n);

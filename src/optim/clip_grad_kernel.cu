@@ -442,8 +442,13 @@ cudaError_t launch_clip_grad_norm(
     return cudaErrorInvalidValue;
   }
   const cudaError_t error = each_list(
-      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
-                        int64_t offset, int64_t) {
+      lists,
+      count,
+      [&](ClipList& list,
+          unsigned grid,
+          int64_t chunk,
+          int64_t offset,
+          int64_t) {
         sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
             list, chunk, partials + offset);
       });
@@ -472,8 +477,13 @@ cudaError_t launch_unscale_sum_squares(
     }
   }
   return each_list(
-      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
-                        int64_t offset, int64_t) {
+      lists,
+      count,
+      [&](ClipList& list,
+          unsigned grid,
+          int64_t chunk,
+          int64_t offset,
+          int64_t) {
         unscale_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
             list, chunk, inv_scale, found_inf, partials + offset);
       });
@@ -494,8 +504,13 @@ cudaError_t launch_clip_scale(
   // it for an fp32 tensor.
   bool first = true;
   return each_list(
-      lists, count, [&](ClipList& list, unsigned grid, int64_t chunk,
-                        int64_t, int64_t blocks) {
+      lists,
+      count,
+      [&](ClipList& list,
+          unsigned grid,
+          int64_t chunk,
+          int64_t,
+          int64_t blocks) {
         scale_kernel<<<grid, kThreads, 0, stream>>>(
             list,
             chunk,

@@ -155,8 +155,8 @@ bool unscale_keeping_sums(
   }
   const c10::cuda::CUDAGuard on_device(device);
   k.stream = at::cuda::getCurrentCUDAStream();
-  k.partials = at::empty(
-      {k.lists.blocks()}, found_inf.options().dtype(at::kFloat));
+  k.partials =
+      at::empty({k.lists.blocks()}, found_inf.options().dtype(at::kFloat));
   C10_CUDA_CHECK(launch_unscale_sum_squares(
       k.lists.lists.data(),
       k.lists.count(),
@@ -237,8 +237,7 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     ++clips_from_kept;
     return norm;
   }
-  auto partials =
-      at::empty({lists.blocks()}, norm.options().dtype(at::kFloat));
+  auto partials = at::empty({lists.blocks()}, norm.options().dtype(at::kFloat));
   C10_CUDA_CHECK(launch_clip_grad_norm(
       lists.lists.data(),
       lists.count(),

@@ -223,7 +223,8 @@ FusedOptimizer::FusedOptimizer(
     std::unique_ptr<torch::optim::OptimizerOptions> defaults)
     : torch::optim::Optimizer(
           lamp::detail::unique_param_groups(
-              param_groups, "lamp::optim::FusedOptimizer"),
+              param_groups,
+              "lamp::optim::FusedOptimizer"),
           std::move(defaults)) {}
 
 void FusedOptimizer::add_param_group(const OptimizerParamGroup& param_group) {

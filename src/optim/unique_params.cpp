@@ -72,9 +72,7 @@ std::vector<std::vector<at::Tensor>> unique_group_params(
   const auto& groups = optimizer.param_groups();
   std::vector<std::vector<at::Tensor>> out(groups.size());
   each_first(
-      groups,
-      who,
-      [&](size_t g, const at::Tensor& t) { out[g].push_back(t); });
+      groups, who, [&](size_t g, const at::Tensor& t) { out[g].push_back(t); });
   return out;
 }
 
@@ -82,16 +80,14 @@ std::vector<torch::optim::OptimizerParamGroup> unique_param_groups(
     const std::vector<torch::optim::OptimizerParamGroup>& groups,
     const char* who) {
   std::vector<std::vector<at::Tensor>> params(groups.size());
-  each_first(
-      groups,
-      who,
-      [&](size_t g, const at::Tensor& t) { params[g].push_back(t); });
+  each_first(groups, who, [&](size_t g, const at::Tensor& t) {
+    params[g].push_back(t);
+  });
   std::vector<torch::optim::OptimizerParamGroup> out;
   out.reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].has_options()) {
-      out.emplace_back(
-          std::move(params[g]), groups[g].options().clone());
+      out.emplace_back(std::move(params[g]), groups[g].options().clone());
     } else {
       out.emplace_back(std::move(params[g]));
     }

@@ -3,8 +3,8 @@
 // modules' members always restored.
 #include <lamp/autocast.h>
 #include <lamp/cast_weights.h>
-#include <lamp/nn/linear.h>
 #include <lamp/cuda_graph.h>
+#include <lamp/nn/linear.h>
 #include <lamp/optim.h>
 
 #include <gtest/gtest.h>

@@ -41,8 +41,7 @@ std::string write_tokens(
   header[1] = version;
   header[2] = static_cast<int32_t>(count < 0 ? tokens.size() : count);
   std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
-  bytes.append(
-      reinterpret_cast<const char*>(tokens.data()), 2 * tokens.size());
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), 2 * tokens.size());
   bytes.resize(bytes.size() - cut);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
@@ -143,9 +142,7 @@ TEST(TokenDataset, ABadFileIsAClearError) {
       [&] { TokenDataset(dir + "/short.bin", opts); },
       "short.bin: 4 bytes, shorter than the 1,024-byte header");
   expect_error(
-      [&] {
-        TokenDataset(write_tokens(dir + "/magic.bin", good, 1234), opts);
-      },
+      [&] { TokenDataset(write_tokens(dir + "/magic.bin", good, 1234), opts); },
       "magic.bin: not a token file (magic 1234, expected 20240520");
   expect_error(
       [&] {

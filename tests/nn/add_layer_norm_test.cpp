@@ -94,15 +94,29 @@ void compare_all(torch::Device device, const std::vector<int64_t>& widths) {
         for (const bool bias : {true, false}) {
           for (const bool use_sum : {true, false}) {
             for (const bool autocast : {true, false}) {
-              const std::string what = "C " + std::to_string(columns) +
-                  " r " + c10::toString(rdtype) + (residual ? "" : " none") +
+              const std::string what = "C " + std::to_string(columns) + " r " +
+                  c10::toString(rdtype) + (residual ? "" : " none") +
                   (bias ? "" : " no-bias") + (use_sum ? " sum-used" : "") +
                   (autocast ? " autocast" : "");
               SCOPED_TRACE(what);
-              const auto a = run(lamp_op, columns, device, rdtype, residual,
-                                 bias, use_sum, autocast);
-              const auto e = run(aten, columns, device, rdtype, residual,
-                                 bias, use_sum, autocast);
+              const auto a =
+                  run(lamp_op,
+                      columns,
+                      device,
+                      rdtype,
+                      residual,
+                      bias,
+                      use_sum,
+                      autocast);
+              const auto e =
+                  run(aten,
+                      columns,
+                      device,
+                      rdtype,
+                      residual,
+                      bias,
+                      use_sum,
+                      autocast);
               EXPECT_EQ(a.y.scalar_type(), e.y.scalar_type());
               EXPECT_EQ(a.sum.scalar_type(), torch::kFloat);
               const double tol = autocast ? 1e-2 : 2e-5;
@@ -112,7 +126,9 @@ void compare_all(torch::Device device, const std::vector<int64_t>& widths) {
               EXPECT_LE(rel_error(a.dw, e.dw), 2e-5);
               if (residual) {
                 EXPECT_EQ(a.dr.scalar_type(), rdtype);
-                EXPECT_LE(rel_error(a.dr, e.dr), rdtype == torch::kFloat ? 2e-5 : 1e-2);
+                EXPECT_LE(
+                    rel_error(a.dr, e.dr),
+                    rdtype == torch::kFloat ? 2e-5 : 1e-2);
               }
               if (bias) {
                 EXPECT_LE(rel_error(a.db, e.db), 2e-5);
@@ -148,8 +164,8 @@ TEST_F(AddLayerNormGpu, KernelsEqualAtensOps) {
 
 TEST_F(AddLayerNormGpu, DeterministicWeightGradients) {
   auto once = [] {
-    return run(lamp_op, 768, torch::kCUDA, torch::kBFloat16, true, true,
-               true, true);
+    return run(
+        lamp_op, 768, torch::kCUDA, torch::kBFloat16, true, true, true, true);
   };
   const auto a = once();
   const auto b = once();

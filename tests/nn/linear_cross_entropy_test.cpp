@@ -111,7 +111,8 @@ TEST(LinearCrossEntropy, EqualsAtensCompositionForAnyChunking) {
 TEST(LinearCrossEntropy, SumReductionAndRankThreeInputs) {
   const auto p = problem({2, 5, 6}, 11);
   expect_close(
-      fused(p, LinearCrossEntropyOptions().reduction(torch::kSum).chunk_size(4)),
+      fused(
+          p, LinearCrossEntropyOptions().reduction(torch::kSum).chunk_size(4)),
       aten(p, /*sum=*/true),
       1e-6);
   expect_close(fused(p), aten(p), 1e-6);
@@ -136,7 +137,10 @@ TEST(LinearCrossEntropy, NoGradientsWhenNoneAreWanted) {
   const auto expected = aten(p).loss;
   torch::NoGradGuard no_grad;
   const auto loss = lamp::nn::linear_cross_entropy(
-      p.x.requires_grad_(), p.w, p.t, LinearCrossEntropyOptions().chunk_size(3));
+      p.x.requires_grad_(),
+      p.w,
+      p.t,
+      LinearCrossEntropyOptions().chunk_size(3));
   EXPECT_FALSE(loss.requires_grad());
   EXPECT_LE(rel_error(loss, expected), 1e-6);
 }
@@ -169,14 +173,12 @@ class LinearCrossEntropyGpu : public lamp::test::GpuTest {};
 TEST_F(LinearCrossEntropyGpu, KernelEqualsAtensComposition) {
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
     for (const int64_t classes : {1024, 1001}) {
-      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " +
-                   std::to_string(classes));
+      SCOPED_TRACE(
+          std::string(c10::toString(dtype)) + " " + std::to_string(classes));
       const auto p = problem({3, 100, 64}, classes, torch::kCUDA, dtype);
       const double tol = dtype == torch::kFloat ? 1e-5 : 3e-2;
       expect_close(
-          fused(p, LinearCrossEntropyOptions().chunk_size(128)),
-          aten(p),
-          tol);
+          fused(p, LinearCrossEntropyOptions().chunk_size(128)), aten(p), tol);
     }
   }
 }

@@ -164,8 +164,8 @@ TEST(Linear, ModuleHasLibTorchsNamesShapesAndInitialisation) {
       "lamp::nn::Linear(in_features=6, out_features=4, bias=true)");
   // forward is linear(); a clone is a deep copy of the same kind.
   const auto x = torch::randn({2, 3, 6});
-  EXPECT_TRUE(torch::equal(
-      ours(x), lamp::nn::linear(x, ours->weight, ours->bias)));
+  EXPECT_TRUE(
+      torch::equal(ours(x), lamp::nn::linear(x, ours->weight, ours->bias)));
   const auto copy =
       std::dynamic_pointer_cast<lamp::nn::LinearImpl>(ours->clone());
   ASSERT_NE(copy, nullptr);

@@ -886,8 +886,7 @@ TEST_F(ClipGradGpu, TwoKernelClipOfAnyNumberOfGradients) {
           5e-3,
           what + ": grad " + std::to_string(k));
     }
-    EXPECT_TRUE(torch::equal(lamp::clip_grad_norm_(again, 0.5), *norm))
-        << what;
+    EXPECT_TRUE(torch::equal(lamp::clip_grad_norm_(again, 0.5), *norm)) << what;
     for (size_t k = 0; k < ours.size(); ++k) {
       EXPECT_TRUE(torch::equal(again[k].grad(), ours[k].grad())) << what;
     }

@@ -282,15 +282,15 @@ TEST(SharedParamsGpu, GraphedStepStepsATiedWeightOnce) {
   Tied graphed(cuda);
   Tied eager(cuda);
   lamp::optim::FusedAdamW graphed_opt(graphed->parameters());
-  lamp::optim::FusedAdamW eager_opt(
-      std::vector<torch::Tensor>{
-          eager->wte->weight, eager->fc->weight, eager->fc->bias});
+  lamp::optim::FusedAdamW eager_opt(std::vector<torch::Tensor>{
+      eager->wte->weight, eager->fc->weight, eager->fc->bias});
   lamp::GradScaler graphed_scaler, eager_scaler;
   const auto in = tokens(cuda);
-  const auto targets =
-      torch::tensor({2, 4, 6, 8, 0, 1}, torch::kLong).to(cuda);
-  auto step_of = [&](Tied& model, lamp::optim::FusedAdamW& opt,
-                     lamp::GradScaler& scaler, const torch::Tensor& x,
+  const auto targets = torch::tensor({2, 4, 6, 8, 0, 1}, torch::kLong).to(cuda);
+  auto step_of = [&](Tied& model,
+                     lamp::optim::FusedAdamW& opt,
+                     lamp::GradScaler& scaler,
+                     const torch::Tensor& x,
                      const torch::Tensor& y) {
     opt.zero_grad();
     auto loss = torch::cross_entropy_loss(model->forward(x), y);
@@ -303,7 +303,8 @@ TEST(SharedParamsGpu, GraphedStepStepsATiedWeightOnce) {
   };
   lamp::GraphedStep step(
       [&](const std::vector<torch::Tensor>& batch) {
-        return step_of(graphed, graphed_opt, graphed_scaler, batch[0], batch[1]);
+        return step_of(
+            graphed, graphed_opt, graphed_scaler, batch[0], batch[1]);
       },
       {in, targets},
       {&graphed_opt});
@@ -313,8 +314,8 @@ TEST(SharedParamsGpu, GraphedStepStepsATiedWeightOnce) {
   }
   ASSERT_TRUE(step.is_captured());
   EXPECT_TRUE(graphed->head->weight.is_same(graphed->wte->weight));
-  EXPECT_TRUE(torch::allclose(
-      graphed->wte->weight, eager->wte->weight, 1e-6, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(graphed->wte->weight, eager->wte->weight, 1e-6, 1e-6));
   EXPECT_TRUE(
       torch::allclose(graphed->fc->weight, eager->fc->weight, 1e-6, 1e-6));
 }
