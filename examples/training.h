@@ -118,6 +118,26 @@ inline std::shared_ptr<lamp::optim::LRScheduler> make_schedule(
       std::vector<int64_t>{warmup});
 }
 
+/// What a run's checkpoints hold: the model, the optimizer, the loss scaler,
+/// the step (which fixes the data position of the examples) and the
+/// schedule, if any. An example adds what else it needs.
+inline lamp::TrainingState run_state(
+    torch::nn::Module& model,
+    torch::optim::Optimizer& optimizer,
+    lamp::GradScaler& scaler,
+    int64_t& step,
+    const std::shared_ptr<lamp::optim::LRScheduler>& schedule) {
+  lamp::TrainingState state;
+  state.add("model", model)
+      .add("optimizer", optimizer)
+      .add("scaler", scaler)
+      .add("step", step);
+  if (schedule) {
+    state.add("scheduler", *schedule);
+  }
+  return state;
+}
+
 /// Unscales (a no-op without loss scaling) and clips the gradients of
 /// `optimizer` to `max_norm`, on the device: no host sync, graph-safe.
 inline void clip_gradients(

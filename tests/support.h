@@ -121,6 +121,36 @@ inline std::vector<std::vector<std::string>> split_lines(
   return lines;
 }
 
+/// The bits of each element of `t` (4- or 2-byte elements) as hex words
+/// separated by spaces, as the Python oracles print them: equal strings
+/// are bitwise-equal tensors.
+inline std::string hex_bits(const at::Tensor& t) {
+  const auto c = t.detach().contiguous().cpu();
+  const bool wide = c.element_size() == 4;
+  const auto bits = c.view(wide ? at::kInt : at::kShort).flatten();
+  std::string out;
+  char word[16];
+  for (int64_t i = 0; i < bits.numel(); ++i) {
+    if (wide) {
+      std::snprintf(
+          word,
+          sizeof word,
+          "%s%08x",
+          i == 0 ? "" : " ",
+          static_cast<uint32_t>(bits[i].item<int32_t>()));
+    } else {
+      std::snprintf(
+          word,
+          sizeof word,
+          "%s%04x",
+          i == 0 ? "" : " ",
+          static_cast<uint16_t>(bits[i].item<int16_t>()));
+    }
+    out += word;
+  }
+  return out;
+}
+
 /// Expects `f` to throw a c10::Error whose message contains `message`.
 inline void expect_error(
     const std::function<void()>& f,

@@ -167,14 +167,7 @@ int run(
   const auto schedule =
       examples::make_schedule(optimizer, opt.run, total, opt.cuda_graph);
   int64_t step = 0;
-  lamp::TrainingState state;
-  state.add("model", *model)
-      .add("optimizer", optimizer)
-      .add("scaler", scaler)
-      .add("step", step);
-  if (schedule) {
-    state.add("scheduler", *schedule);
-  }
+  auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
   if (!opt.save_init.empty()) {
     lamp::TrainingState init;
     init.add("model", *model).rng(false);

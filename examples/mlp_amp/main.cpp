@@ -199,15 +199,8 @@ Result train(
   // continues the epoch's average.
   int64_t step = 0;
   auto loss_sum = torch::zeros({}, torch::TensorOptions(device));
-  lamp::TrainingState state;
-  state.add("model", *model)
-      .add("optimizer", optimizer)
-      .add("scaler", scaler)
-      .add("step", step)
-      .add("epoch_loss_sum", loss_sum);
-  if (schedule) {
-    state.add("scheduler", *schedule);
-  }
+  auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
+  state.add("epoch_loss_sum", loss_sum);
   examples::RunCheckpoints checkpoints(opt.run, pg, "mlp_amp");
   step = checkpoints.resume(state, print);
 

@@ -222,14 +222,7 @@ Result train(
   const auto schedule =
       examples::make_schedule(optimizer, opt.run, total_steps, opt.cuda_graph);
   int64_t step = 0;
-  lamp::TrainingState state;
-  state.add("model", *model)
-      .add("optimizer", optimizer)
-      .add("scaler", scaler)
-      .add("step", step);
-  if (schedule) {
-    state.add("scheduler", *schedule);
-  }
+  auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
   // --data: the loader's position (epoch, next batch) travels with the run.
   int64_t data_epoch = 0;
   int64_t data_batch = 0;

@@ -23,33 +23,7 @@ namespace linear_test {
 
 namespace {
 
-std::string hex_bits(const torch::Tensor& t) {
-  const auto c = t.detach().contiguous();
-  const bool wide = c.element_size() == 4;
-  const auto bits = c.view(wide ? torch::kInt32 : torch::kInt16).flatten();
-  std::string out;
-  char word[16];
-  for (int64_t i = 0; i < bits.numel(); ++i) {
-    if (wide) {
-      std::snprintf(
-          word,
-          sizeof word,
-          "%s%08x",
-          i == 0 ? "" : " ",
-          static_cast<uint32_t>(bits[i].item<int32_t>()));
-    } else {
-      std::snprintf(
-          word,
-          sizeof word,
-          "%s%04x",
-          i == 0 ? "" : " ",
-          static_cast<uint16_t>(bits[i].item<int16_t>()));
-    }
-    out += word;
-  }
-  return out;
-}
-
+using lamp::test::hex_bits;
 torch::Dtype dtype_of(const std::string& name) {
   return name == "f32" ? torch::kFloat
       : name == "bf16" ? torch::kBFloat16

@@ -31,6 +31,7 @@ namespace {
 
 using lamp::test::expect_error_of;
 using lamp::test::fresh_dir;
+using lamp::test::hex_bits;
 using lamp::test::run_python_oracle;
 using lamp::test::split_lines;
 
@@ -77,22 +78,6 @@ torch::Tensor loss_of(Tied& model, torch::Device device = torch::kCPU) {
   const auto targets = torch::tensor({2, 4, 6, 8, 0, 1}, torch::kLong);
   return torch::cross_entropy_loss(
       model->forward(tokens(device)), targets.to(device));
-}
-
-std::string hex_bits(const torch::Tensor& t) {
-  const auto bits = t.detach().contiguous().view(torch::kInt32).flatten();
-  std::string out;
-  char word[16];
-  for (int64_t i = 0; i < bits.numel(); ++i) {
-    std::snprintf(
-        word,
-        sizeof word,
-        "%s%08x",
-        i == 0 ? "" : " ",
-        static_cast<uint32_t>(bits[i].item<int32_t>()));
-    out += word;
-  }
-  return out;
 }
 
 // The oracle's "KIND NAME BITS..." lines as {NAME: "BITS ..."}.
