@@ -192,8 +192,22 @@ struct GptImpl : torch::nn::Module {
     const auto pos = torch::arange(t, idx.options());
     auto x = drop(wte(idx) + wpe(pos));
     torch::Tensor pending;
-    for (auto& block : blocks) {
-      std::tie(x, pending) = block->forward(x, pending);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto& block = blocks[i];
+      if (is_training() && static_cast<int64_t>(i) < recompute_blocks) {
+        // [snippet gpt-checkpoint]
+        auto out = lamp::checkpoint(
+            [block](const std::vector<torch::Tensor>& in) mutable {
+              auto [h, y] = block->forward(in[0], in[1]);
+              return std::vector<torch::Tensor>{h, y};
+            },
+            {x, pending});
+        // [end snippet]
+        x = out[0];
+        pending = out[1];
+      } else {
+        std::tie(x, pending) = block->forward(x, pending);
+      }
     }
     return lamp::nn::add_layer_norm(x, pending, ln_f->weight, ln_f->bias)
         .second;
@@ -248,6 +262,10 @@ struct GptImpl : torch::nn::Module {
   }
 
   Config config;
+  /// Activation checkpointing: the first `recompute_blocks` blocks keep no
+  /// activations for the backward pass but recompute them there
+  /// (lamp::checkpoint), in training mode.
+  int64_t recompute_blocks = 0;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};

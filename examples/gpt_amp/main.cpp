@@ -48,6 +48,7 @@ struct Options {
   std::string precision;
   std::string device = "auto";
   bool cuda_graph = false;
+  std::string recompute_blocks = "0"; // a count, or "all"
   bool ddp = false;
   int64_t batch_size = 0; // 0: 16 (CPU: 4)
   int64_t grad_accum = 1;
@@ -95,6 +96,18 @@ int run(
     config.vocab_size = opt.vocab_size;
   }
   config.dropout = opt.dropout;
+  const int64_t recompute_blocks = opt.recompute_blocks == "all"
+      ? config.n_layer
+      : std::stoll(opt.recompute_blocks);
+  TORCH_CHECK_VALUE(
+      recompute_blocks <= config.n_layer,
+      "--activation-checkpointing ",
+      recompute_blocks,
+      " is more blocks than ",
+      opt.model,
+      " has (",
+      config.n_layer,
+      "); pass at most that, or all");
   const bool cpu = !device.is_cuda();
   const int64_t seq = opt.seq_len > 0 ? opt.seq_len : config.block_size;
   const int64_t batch = opt.batch_size > 0 ? opt.batch_size : (cpu ? 4 : 16);
@@ -152,6 +165,7 @@ int run(
   examples::reset_peak_memory(device);
   torch::manual_seed(opt.seed);
   gpt::Gpt model(config);
+  model->recompute_blocks = recompute_blocks;
   model->to(device);
   std::optional<lamp::DistributedDataParallel> ddp;
   if (pg) {
@@ -459,6 +473,15 @@ int main(int argc, char** argv) {
          "--cuda-graph",
          opt.cuda_graph,
          "capture the whole step in a CUDA graph and replay it (GPU only)")
+      ->group(speed);
+  app.add_option(
+         "--activation-checkpointing",
+         opt.recompute_blocks,
+         "recompute the activations of the first N blocks in the backward "
+         "pass instead of keeping them (less memory, ~1/3 more compute), "
+         "or of all")
+      ->check(CLI::IsMember({"all"}) | CLI::NonNegativeNumber)
+      ->capture_default_str()
       ->group(speed);
   app.add_option(
          "--peak-tflops",

@@ -3,6 +3,7 @@
 /// lamp: automatic mixed precision and data-parallel training for LibTorch.
 /// This umbrella header includes every public lamp header.
 
+#include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
 #include <lamp/build_info.h>
 #include <lamp/cast_weights.h>
