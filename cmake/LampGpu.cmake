@@ -60,6 +60,24 @@ if(LAMP_WITH_NCCL AND NOT _lamp_nccl_ok)
     "LAMP_WITH_CUDA). Set NCCL_ROOT, or configure with -DLAMP_WITH_NCCL=OFF.")
 endif()
 
+# Gloo: collectives between CPU processes (lamp::dist without GPUs), through
+# the c10d::ProcessGroupGloo that LibTorch carries when it was built with it.
+set(_lamp_gloo_ok OFF)
+get_target_property(_lamp_torch_defs torch_cpu INTERFACE_COMPILE_DEFINITIONS)
+if("USE_C10D_GLOO" IN_LIST _lamp_torch_defs)
+  find_package(Gloo)
+  set(_lamp_gloo_ok ${Gloo_FOUND})
+endif()
+option(LAMP_WITH_GLOO
+       "Build lamp's Gloo backend (CPU processes; default: on when found)"
+       ${_lamp_gloo_ok})
+if(LAMP_WITH_GLOO AND NOT _lamp_gloo_ok)
+  message(FATAL_ERROR
+    "lamp: LAMP_WITH_GLOO=ON but gloo's headers (Debian: libgloo-dev) or a "
+    "LibTorch built with Gloo were not found. Set Gloo_ROOT, or configure with "
+    "-DLAMP_WITH_GLOO=OFF.")
+endif()
+
 set(_lamp_cudnn_ok OFF)
 if(LAMP_WITH_CUDA)
   find_package(CUDNN)

@@ -83,11 +83,12 @@ DistributedDataParallel::DistributedDataParallel(
     return; // nothing to average, nothing to broadcast
   }
   TORCH_CHECK(
-      pg.nccl_comm() != nullptr,
+      pg.has_communicator(),
       "lamp::DistributedDataParallel: the process group of ",
       pg.world_size(),
-      " ranks has no NCCL communicator (ProcessGroupOptions::nccl(false), "
-      "or it was aborted); DDP needs one.");
+      " ranks has no communicator (ProcessGroupOptions::nccl(false)); DDP "
+      "needs one.");
+  pg.check(); // an aborted group throws its error
   detail::check_on_device(names, params, "parameter", pg.device());
   detail::check_on_device(buffer_names, impl.buffers, "buffer", pg.device());
   auto lines = detail::describe_tensors(names, params, "parameter");

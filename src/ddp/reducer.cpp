@@ -66,8 +66,11 @@ Reducer::Reducer(
       names_(std::move(names)),
       params_(std::move(params)),
       buffers_(std::move(buffers)),
-      comm_stream_(c10::impl::VirtualGuardImpl(pg_->device().type())
-                       .getStreamFromGlobalPool(pg_->device(), true)),
+      cuda_(pg_->device().is_cuda()),
+      comm_stream_(
+          cuda_ ? c10::impl::VirtualGuardImpl(c10::kCUDA)
+                      .getStreamFromGlobalPool(pg_->device(), true)
+                : c10::Stream(c10::Stream::DEFAULT, pg_->device())),
       done_(pg_->device().type()),
       buffers_ready_(pg_->device().type()),
       buffers_done_(pg_->device().type()) {
@@ -89,14 +92,30 @@ Reducer::~Reducer() {
     torch::autograd::impl::set_post_acc_grad_hooks(param, nullptr);
   }
   try {
-    comm_stream_.synchronize(); // the buckets are freed next
+    // The buckets are freed next.
+    if (cuda_) {
+      comm_stream_.synchronize();
+    } else {
+      pg_->wait_started();
+    }
   } catch (...) { // NOLINT(bugprone-empty-catch): nothing left to do
   }
 }
 
 c10::Stream Reducer::current_stream() const {
-  return c10::impl::VirtualGuardImpl(pg_->device().type())
-      .getStream(pg_->device());
+  return cuda_
+      ? c10::impl::VirtualGuardImpl(c10::kCUDA).getStream(pg_->device())
+      : comm_stream_;
+}
+
+void Reducer::order(
+    c10::Event& event,
+    const c10::Stream& before,
+    const c10::Stream& after) {
+  if (cuda_) { // the CPU's order is the host's
+    event.record(before);
+    event.block(after);
+  }
 }
 
 void Reducer::build_buckets() {
@@ -233,15 +252,19 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() &&
          buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
-    bucket.ready.record(compute);
-    bucket.ready.block(comm_stream_);
+    order(bucket.ready, compute, comm_stream_);
     c10::StreamGuard on_comm(comm_stream_);
     if (bucket.comm.defined()) {
       bucket.comm.copy_(bucket.flat);
-      pg_->allreduce(bucket.comm, dist::ReduceOp::kAvg, comm_stream_);
+    }
+    // NOTE: on the CPU this only starts the allreduce, and `finalize` waits
+    // (and copies `comm` back): Note [Collectives on the CPU].
+    pg_->start_allreduce(
+        bucket.comm.defined() ? bucket.comm : bucket.flat,
+        dist::ReduceOp::kAvg,
+        comm_stream_);
+    if (bucket.comm.defined() && cuda_) {
       bucket.flat.copy_(bucket.comm);
-    } else {
-      pg_->allreduce(bucket.flat, dist::ReduceOp::kAvg, comm_stream_);
     }
   }
 }
@@ -287,8 +310,15 @@ void Reducer::finalize() {
   if (options_.find_unused_parameters()) {
     globally_used = reduce_used_map();
   }
-  done_.record(comm_stream_);
-  done_.block(current);
+  if (!cuda_) {
+    pg_->wait_started();
+    for (auto& bucket : buckets_) {
+      if (bucket.comm.defined()) {
+        bucket.flat.copy_(bucket.comm);
+      }
+    }
+  }
+  order(done_, comm_stream_, current);
 
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads, views;
@@ -324,7 +354,7 @@ void Reducer::finalize() {
 // allreduce and a host sync, only with find_unused_parameters.
 std::vector<char> Reducer::reduce_used_map() {
   TORCH_CHECK(
-      !capturing(),
+      !(cuda_ && capturing()),
       "lamp::DistributedDataParallel: find_unused_parameters needs a host "
       "sync every backward and cannot be captured in a CUDA graph; make "
       "every parameter take part in the loss, or freeze the unused ones "
@@ -332,25 +362,29 @@ std::vector<char> Reducer::reduce_used_map() {
   if (!used_host_.defined()) {
     used_host_ = at::empty(
         {static_cast<int64_t>(params_.size())},
-        at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-    used_device_ = at::empty_like(used_host_, pg_->device());
+        at::TensorOptions().dtype(at::kInt).pinned_memory(cuda_));
+    used_device_ =
+        cuda_ ? at::empty_like(used_host_, pg_->device()) : used_host_;
   }
   auto* host = used_host_.data_ptr<int32_t>();
   for (size_t k = 0; k < params_.size(); ++k) {
     host[k] = used_[k];
   }
-  c10::StreamGuard on_comm(comm_stream_);
-  used_device_.copy_(used_host_, /*non_blocking=*/true);
-  pg_->allreduce(used_device_, dist::ReduceOp::kMax, comm_stream_);
-  used_host_.copy_(used_device_, /*non_blocking=*/true);
-  comm_stream_.synchronize();
+  if (cuda_) {
+    c10::StreamGuard on_comm(comm_stream_);
+    used_device_.copy_(used_host_, /*non_blocking=*/true);
+    pg_->allreduce(used_device_, dist::ReduceOp::kMax, comm_stream_);
+    used_host_.copy_(used_device_, /*non_blocking=*/true);
+    comm_stream_.synchronize();
+  } else {
+    pg_->allreduce(used_host_, dist::ReduceOp::kMax); // done when it returns
+  }
   pg_->check();
   return std::vector<char>(host, host + params_.size());
 }
 
 void Reducer::broadcast_buffers(const c10::Stream& current) {
-  buffers_ready_.record(current);
-  buffers_ready_.block(comm_stream_);
+  order(buffers_ready_, current, comm_stream_);
   c10::StreamGuard on_comm(comm_stream_);
   std::vector<torch::Tensor> flats;
   for (auto& group : buffer_groups_) {
@@ -365,8 +399,7 @@ void Reducer::broadcast_buffers(const c10::Stream& current) {
       at::_foreach_copy_(group.buffers, group.views);
     }
   }
-  buffers_done_.record(comm_stream_);
-  buffers_done_.block(current);
+  order(buffers_done_, comm_stream_, current);
 }
 
 } // namespace lamp::detail

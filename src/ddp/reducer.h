@@ -39,6 +39,9 @@
 // only on these two streams, ordered by these events; the destructor
 // synchronises the comm stream before they are freed.
 //
+// On the CPU there are no streams: the events are skipped, allreduces run on
+// Gloo's threads and `finalize` waits for them (Note [Collectives on the
+// CPU]).
 // CUDA graphs: GraphedStep captures all of this like any stream work (the
 // events become graph edges); Note [Watching collectives] says how the
 // captured allreduces are watched at each replay.
@@ -98,6 +101,12 @@ class Reducer {
   std::vector<char> reduce_used_map();
   void broadcast_buffers(const c10::Stream& current);
   c10::Stream current_stream() const;
+  /// Makes `after` wait for what `before` has enqueued so far (on a GPU;
+  /// on the CPU host order is enough).
+  void order(
+      c10::Event& event,
+      const c10::Stream& before,
+      const c10::Stream& after);
 
   std::shared_ptr<dist::ProcessGroup> pg_;
   DDPOptions options_;
@@ -112,7 +121,9 @@ class Reducer {
   size_t next_bucket_ = 0;
   bool callback_queued_ = false;
   bool require_sync_ = true;
-  c10::Stream comm_stream_;
+  bool
+      cuda_; // the group's device is a GPU (else Note [Collectives on the CPU])
+  c10::Stream comm_stream_; // the CPU's default stream on the CPU
   c10::Event done_;
   c10::Event buffers_ready_;
   c10::Event buffers_done_;

@@ -25,7 +25,8 @@ class Store;
 
 namespace lamp::dist::detail {
 
-/// The device collectives of a process group (NCCL: nccl_backend.cpp). Owned
+/// The collectives of a process group (NCCL between GPUs: nccl_backend.cpp;
+/// Gloo between CPUs: gloo_backend.cpp). Owned
 /// by a `std::shared_ptr` so that the capture registry can hold weak
 /// references. See Note [Process group threads and locks].
 class Backend : public std::enable_shared_from_this<Backend> {
@@ -42,6 +43,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
       const std::vector<at::Tensor>& tensors,
       int64_t root,
       const c10::Stream& stream) = 0;
+  /// Waits until the collectives enqueued so far are done (CPU backends,
+  /// whose collectives run on their own threads: see Note [Collectives on
+  /// the CPU]); a device backend's work is ordered by streams instead.
+  virtual void synchronize() {}
   /// Throws the `c10::DistBackendError` of the abort, if there was one.
   virtual void check() const = 0;
   /// Aborts the communicator (any thread; the first reason wins).
@@ -61,7 +66,8 @@ struct BackendOptions {
   c10::Device device{c10::kCPU};
   std::chrono::milliseconds timeout{0};
   c10d::Store* store = nullptr;
-  /// Store key under which rank 0 publishes the ncclUniqueId.
+  /// Store key under which rank 0 publishes the ncclUniqueId (Gloo: the
+  /// prefix of its connection keys).
   std::string unique_id_key;
   /// The process group's store barrier.
   std::function<void()> barrier;
@@ -70,6 +76,10 @@ struct BackendOptions {
 /// An NCCL communicator over the ranks of `options`. Defined in
 /// nccl_backend.cpp, which is compiled only when lamp has NCCL.
 std::shared_ptr<Backend> make_nccl_backend(const BackendOptions& options);
+
+/// Gloo's collectives between the CPU processes of `options`. Defined in
+/// gloo_backend.cpp, which is compiled only when lamp has Gloo.
+std::shared_ptr<Backend> make_gloo_backend(const BackendOptions& options);
 
 /// Records that `backend` enqueued a collective on a stream that is
 /// capturing the CUDA graph capture `capture_id` (any thread: DDP's hooks

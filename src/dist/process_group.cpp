@@ -109,11 +109,19 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
       options.timeout().count(),
       " ms.");
   impl.options = std::move(options);
+  const auto& kind = impl.options.backend();
+  TORCH_CHECK_VALUE(
+      kind == "auto" || kind == "nccl" || kind == "gloo",
+      "lamp::dist::ProcessGroupOptions::backend must be \"auto\", \"nccl\" "
+      "or \"gloo\", got \"",
+      kind,
+      "\".");
   impl.config = dist::launch_config(impl.options);
   const auto& config = impl.config;
-  const bool nccl = impl.options.nccl();
+  const bool communicator = impl.options.nccl();
   const auto devices = static_cast<int64_t>(torch::cuda::device_count());
-  if (devices > 0) {
+  const bool gloo = kind == "gloo" || (kind == "auto" && devices == 0);
+  if (devices > 0 && !gloo) {
     int64_t index = config.local_rank;
     if (index >= devices) {
       // NOTE: a launcher that binds GPUs to tasks (Slurm's --gpus-per-task
@@ -144,39 +152,62 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   if (config.world_size == 1) {
     return;
   }
+  if (communicator && gloo) {
+    TORCH_CHECK_WITH(
+        DistBackendError,
+        LAMP_WITH_GLOO,
+        "lamp::dist: ",
+        to_string(config.launcher),
+        " started ",
+        config.world_size,
+        " processes ",
+        kind == "gloo" ? "for Gloo" : "on a host without CUDA devices",
+        ", but this lamp was built without Gloo (gloo's headers, Debian's "
+        "libgloo-dev, were not found); install them and rebuild lamp to "
+        "train on CPUs, or pass ProcessGroupOptions().nccl(false) for a "
+        "store-only group.");
+  }
   TORCH_CHECK_WITH(
       DistBackendError,
-      !nccl || LAMP_WITH_NCCL,
+      !communicator || gloo || LAMP_WITH_NCCL,
       "lamp::dist: ",
       to_string(config.launcher),
       " started ",
       config.world_size,
       " processes but this lamp was built without NCCL (LAMP_WITH_NCCL=OFF); "
-      "rebuild it with NCCL to train on several GPUs, or pass "
+      "rebuild it with NCCL to train on several GPUs, pass "
+      "ProcessGroupOptions().backend(\"gloo\") to train on the CPUs, or "
       "ProcessGroupOptions().nccl(false) for a store-only group.");
   TORCH_CHECK_WITH(
       DistBackendError,
-      !nccl || devices > 0,
+      !communicator || gloo || devices > 0,
       "lamp::dist: ",
       to_string(config.launcher),
       " started ",
       config.world_size,
-      " processes but no CUDA device was found; lamp communicates over NCCL "
-      "and needs one GPU per process (ProcessGroupOptions().nccl(false) "
-      "makes a store-only group).");
+      " processes for NCCL but no CUDA device was found; NCCL needs one GPU "
+      "per process (ProcessGroupOptions().backend(\"gloo\") or \"auto\" "
+      "trains on the CPUs).");
   impl.store = rendezvous(config, impl.options.timeout());
-  if (!nccl) {
+  if (!communicator) {
     return;
   }
-#if LAMP_WITH_NCCL
   detail::BackendOptions backend;
   backend.rank = config.rank;
   backend.world_size = config.world_size;
   backend.device = impl.device;
   backend.timeout = impl.options.timeout();
   backend.store = impl.store.get();
-  backend.unique_id_key = impl.next_key("nccl_unique_id");
   backend.barrier = [this] { barrier(); };
+  if (gloo) {
+#if LAMP_WITH_GLOO
+    backend.unique_id_key = impl.next_key("gloo");
+    impl.backend = detail::make_gloo_backend(backend);
+#endif
+    return;
+  }
+#if LAMP_WITH_NCCL
+  backend.unique_id_key = impl.next_key("nccl_unique_id");
   impl.backend = detail::make_nccl_backend(backend);
 #endif
 }
@@ -209,6 +240,10 @@ std::chrono::milliseconds ProcessGroup::timeout() const {
 
 const c10::intrusive_ptr<c10d::Store>& ProcessGroup::store() const {
   return impl_->store;
+}
+
+bool ProcessGroup::has_communicator() const {
+  return impl_->config.world_size == 1 || impl_->backend != nullptr;
 }
 
 void* ProcessGroup::nccl_comm() const {
@@ -278,7 +313,33 @@ void ProcessGroup::allreduce(
   if (impl.config.world_size == 1) {
     return;
   }
-  impl.backend_for("allreduce").allreduce(tensor, op, on);
+  auto& backend = impl.backend_for("allreduce");
+  backend.allreduce(tensor, op, on);
+  if (!impl.device.is_cuda()) {
+    backend.synchronize(); // See Note [Collectives on the CPU].
+  }
+}
+
+void ProcessGroup::start_allreduce(
+    const torch::Tensor& tensor,
+    ReduceOp op,
+    const c10::Stream& stream) {
+  auto& impl = *impl_;
+  if (impl.device.is_cuda()) {
+    allreduce(tensor, op, stream);
+    return;
+  }
+  check_tensor(tensor, impl.device, "allreduce");
+  if (impl.config.world_size > 1) {
+    impl.backend_for("allreduce").allreduce(tensor, op, stream);
+  }
+}
+
+void ProcessGroup::wait_started() {
+  auto& impl = *impl_;
+  if (!impl.device.is_cuda() && impl.backend) {
+    impl.backend->synchronize();
+  }
 }
 
 void ProcessGroup::broadcast(
@@ -300,7 +361,11 @@ void ProcessGroup::broadcast(
   if (impl.config.world_size == 1 || tensors.empty()) {
     return;
   }
-  impl.backend_for("broadcast").broadcast(tensors, root, on);
+  auto& backend = impl.backend_for("broadcast");
+  backend.broadcast(tensors, root, on);
+  if (!impl.device.is_cuda()) {
+    backend.synchronize(); // See Note [Collectives on the CPU].
+  }
 }
 
 // See Note [Store keys].

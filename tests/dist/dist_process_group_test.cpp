@@ -238,9 +238,10 @@ TEST(DistStoreGroup, WithoutGpusAnNcclGroupIsADistBackendError) {
                          .rank(0)
                          .world_size(2)
                          .master_addr("127.0.0.1")
-                         .master_port(free_port()));
+                         .master_port(free_port())
+                         .backend("nccl"));
       },
-      "nccl(false)");
+      "for NCCL but no CUDA device was found");
 }
 
 } // namespace

@@ -47,11 +47,17 @@ struct LAMP_API ProcessGroupOptions {
   /// the communicator; the next call on the group then throws on every
   /// rank still alive. Default: 10 minutes.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
-  /// Create the NCCL communicator (one CUDA device per process). With false
-  /// a group of several processes has only the store: `allgather()` and
+  /// Create the communicator (NCCL or Gloo, see `backend`). With false a
+  /// group of several processes has only the store: `allgather()` and
   /// `barrier()` work, `allreduce()`/`broadcast()` throw; for coordinating
-  /// host-side work (and on hosts without GPUs). Default: true.
+  /// host-side work. Default: true.
   TORCH_ARG(bool, nccl) = true;
+  /// What joins the ranks, as torch.distributed.init_process_group's
+  /// `backend`: "nccl" (one CUDA device per process, tensors on it), "gloo"
+  /// (tensors on the CPU, collectives over TCP; lamp built with Gloo), or
+  /// "auto": NCCL where the host has CUDA devices, Gloo where it has none.
+  /// Default: "auto".
+  TORCH_ARG(std::string, backend) = "auto";
 };
 
 /// The launcher `launch_config` found.

@@ -1,7 +1,7 @@
 #pragma once
 
 // The process group: the ranks of one training job, a store they share and
-// the NCCL communicator that joins their GPUs.
+// the communicator that joins them (NCCL between GPUs, Gloo between CPUs).
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -17,6 +17,10 @@
 
 #include <lamp/dist/launch.h>
 #include <lamp/export.h>
+
+namespace lamp::detail {
+class Reducer;
+} // namespace lamp::detail
 
 namespace lamp::dist {
 
@@ -38,6 +42,13 @@ enum class ReduceOp { kSum, kAvg, kMax };
 /// call on the group then throw `c10::DistBackendError` saying what
 /// happened. Collectives captured in a CUDA graph are watched each time
 /// `lamp::GraphedStep` replays the graph.
+///
+/// On the CPU (hosts without CUDA devices, or `ProcessGroupOptions::backend`
+/// "gloo") the communicator is c10d's Gloo: tensors live on the CPU, there
+/// are no streams, and `allreduce()`/`broadcast()` return once done. A rank
+/// that exits or stops calling collectives makes the others' next
+/// collective throw `c10::DistBackendError` (at once when its sockets close,
+/// else after `timeout`).
 ///
 /// A world of one process creates no store and no communicator; its
 /// collectives do nothing (the result of reducing one rank is its input),
@@ -74,17 +85,22 @@ class LAMP_API ProcessGroup {
   /// The store the ranks met on (null in a world of one). Include
   /// <torch/csrc/distributed/c10d/Store.hpp> to use it.
   const c10::intrusive_ptr<c10d::Store>& store() const;
+  /// True when `allreduce()` and `broadcast()` work: a world of one, or a
+  /// group with a communicator (not `ProcessGroupOptions::nccl(false)`).
+  bool has_communicator() const;
   /// The raw `ncclComm_t` (as void*; null in a world of one, without NCCL
   /// or once aborted), for calling NCCL directly.
   void* nccl_comm() const;
 
   /// Reduces `tensor` (dense, on `device()`) in place across ranks, on
   /// `stream` (a CUDA stream of `device()`; default: the current stream).
+  /// On the CPU it returns once done.
   void allreduce(
       const torch::Tensor& tensor,
       ReduceOp op = ReduceOp::kSum,
       std::optional<c10::Stream> stream = std::nullopt);
-  /// Overwrites each tensor with rank `root`'s, in one grouped NCCL call.
+  /// Overwrites each tensor with rank `root`'s, in one grouped NCCL call
+  /// (on the CPU: one Gloo broadcast each, done when this returns).
   void broadcast(
       const std::vector<torch::Tensor>& tensors,
       int64_t root = 0,
@@ -106,16 +122,30 @@ class LAMP_API ProcessGroup {
   void abort(const std::string& why = "aborted by the user");
 
  private:
+  // DDP's reducer overlaps the CPU's allreduces with backward: see Note
+  // [Collectives on the CPU].
+  friend class lamp::detail::Reducer;
+  /// On the CPU: starts an allreduce (a sum, or an average) and returns at
+  /// once; `wait_started()` waits for every started one. On a GPU it is
+  /// `allreduce(tensor, op, stream)`.
+  void start_allreduce(
+      const torch::Tensor& tensor,
+      ReduceOp op,
+      const c10::Stream& stream);
+  void wait_started();
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 /// Joins the job described by `options` and the launcher's environment
-/// (`launch_config`): rendezvous on a c10d::TCPStore, sets the current CUDA
-/// device to the local rank's, exchanges the ncclUniqueId through the store
-/// and creates a blocking NCCL communicator, bounded by `timeout`. Errors
-/// are typed: `c10::ValueError` (launch environment, options),
-/// `c10::DistStoreError` (rendezvous), `c10::DistBackendError` (NCCL).
+/// (`launch_config`): rendezvous on a c10d::TCPStore, then, with NCCL, sets
+/// the current CUDA device to the local rank's, exchanges the ncclUniqueId
+/// through the store and creates a blocking NCCL communicator; with Gloo
+/// (hosts without CUDA devices), connects the CPU processes. Bounded by
+/// `timeout`. Errors are typed: `c10::ValueError` (launch environment,
+/// options), `c10::DistStoreError` (rendezvous), `c10::DistBackendError`
+/// (NCCL, Gloo).
 ///
 /// Example (launch: `torchrun --no-python --nproc_per_node=2 ./train`,
 /// `srun --ntasks-per-node=2 ./train` or
