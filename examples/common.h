@@ -74,22 +74,19 @@ inline std::optional<torch::Device> pick_device(const std::string& flag) {
       flag == "cpu" || (flag == "auto" && !cuda) ? torch::kCPU : torch::kCUDA);
 }
 
-/// The device of a `--ddp` run: the process group's, `cuda:<local_rank>`.
-/// `--device cpu` is honoured in a world of one (a plain run without
-/// torchrun) and rejected (`c10::Error`) with more processes. Empty when `flag`
-/// asks for CUDA and there is none.
+/// The data-parallel flags every example takes (training.h's
+/// add_dist_flags).
+struct DistFlags {
+  bool ddp = false;
+  double timeout_s = 600; // --dist-timeout
+};
+
+/// The device of a `--ddp` run: the process group's, `cuda:<local_rank>`
+/// over NCCL, or the CPU over Gloo. Empty when `flag` asks for CUDA and
+/// there is none.
 inline std::optional<torch::Device> ddp_device(
     const lamp::dist::ProcessGroup& pg,
     const std::string& flag) {
-  if (flag == "cpu") {
-    TORCH_CHECK(
-        pg.world_size() == 1,
-        "--device cpu with --ddp over ",
-        pg.world_size(),
-        " processes: lamp's DDP trains on one CUDA device a process (NCCL); "
-        "drop --device, or run without torchrun for a world of one");
-    return torch::Device(torch::kCPU);
-  }
   if (flag == "cuda" && !pg.device().is_cuda()) {
     return std::nullopt;
   }
@@ -98,9 +95,10 @@ inline std::optional<torch::Device> ddp_device(
 
 /// Where an example runs: its process group (null without `--ddp`) and its
 /// device, or, when it cannot run, the exit status to return (`exit_status`
-/// non-zero, its reason printed as "<program>: ..."): 2 for a `--device` that
-/// the world cannot take, `kSkip` for CUDA asked for (`--device cuda`,
-/// `--cuda-graph`) where there is none.
+/// non-zero, its reason printed as "<program>: ..."): 2 for a launch the
+/// flags do not fit (several processes without `--ddp`, a bad launcher
+/// environment, peers that never came), `kSkip` for CUDA asked for
+/// (`--device cuda`, `--cuda-graph`) where there is none.
 struct RunPlace {
   std::shared_ptr<lamp::dist::ProcessGroup> pg;
   torch::Device device{torch::kCPU};
@@ -109,14 +107,34 @@ struct RunPlace {
 
 inline RunPlace place_run(
     const char* program,
-    bool ddp,
+    const DistFlags& dist,
     const std::string& device_flag,
     bool cuda_graph) {
   RunPlace place;
   std::optional<torch::Device> device;
   try {
-    if (ddp) {
-      place.pg = lamp::dist::init_process_group();
+    if (dist.ddp) {
+      // --device cpu: CPU processes over Gloo, also on a host with GPUs;
+      // cuda: NCCL; auto: NCCL where there are GPUs, else Gloo.
+      place.pg = lamp::dist::init_process_group(
+          lamp::dist::ProcessGroupOptions()
+              .backend(
+                  device_flag == "cpu"        ? "gloo"
+                      : device_flag == "cuda" ? "nccl"
+                                              : "auto")
+              .timeout(std::chrono::milliseconds(
+                  static_cast<int64_t>(dist.timeout_s * 1000))));
+    } else {
+      const auto launch = lamp::dist::launch_config();
+      TORCH_CHECK_VALUE(
+          launch.world_size == 1,
+          lamp::dist::to_string(launch.launcher),
+          " started ",
+          launch.world_size,
+          " processes (this is rank ",
+          launch.rank,
+          ") but --ddp was not given, so each would train alone on all the "
+          "data; pass --ddp to train data-parallel, or start one process");
     }
     device = place.pg ? ddp_device(*place.pg, device_flag)
                       : pick_device(device_flag);

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
+
 namespace examples {
 
 struct RunOptions {
@@ -26,6 +28,25 @@ struct RunOptions {
   bool resume = false;
   int64_t stop_after = 0; // 0: run to the end
 };
+
+/// --ddp and --dist-timeout, in the help's "Distributed" group.
+inline void add_dist_flags(CLI::App& app, DistFlags& f) {
+  app.add_flag(
+         "--ddp",
+         f.ddp,
+         "data-parallel over the processes torchrun, srun or mpirun started: "
+         "one GPU each over NCCL, or CPU processes over Gloo (--device cpu, "
+         "or no GPU); --batch-size is per process")
+      ->group("Distributed");
+  app.add_option(
+         "--dist-timeout",
+         f.timeout_s,
+         "seconds to wait for the other processes (rendezvous) and for any "
+         "collective before failing")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Distributed");
+}
 
 inline void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option(

@@ -49,7 +49,7 @@ struct Options {
   std::string device = "auto";
   bool cuda_graph = false;
   std::string recompute_blocks = "0"; // a count, or "all"
-  bool ddp = false;
+  examples::DistFlags dist;
   int64_t batch_size = 0; // 0: 16 (CPU: 4)
   int64_t grad_accum = 1;
   int64_t steps = 0; // 0: 50 (CPU: 20)
@@ -189,6 +189,11 @@ int run(
   }
   examples::RunCheckpoints checkpoints(opt.run, pg, "gpt_amp");
   step = checkpoints.resume(state, print);
+  if (print && pg) {
+    std::cout << "gpt_amp: DDP over " << world << " processes ("
+              << (device.is_cuda() ? "GPUs, NCCL" : "CPUs, Gloo") << "), batch "
+              << batch << " x " << seq << " tokens each\n";
+  }
 
   // One optimizer step: --grad-accum micro-batches of the batch's rows.
   auto train_step = [&](const std::vector<torch::Tensor>& in) {
@@ -439,7 +444,6 @@ int main(int argc, char** argv) {
   const char* data = "Data";
   const char* loop = "Training loop";
   const char* output = "Output";
-  const char* dist = "Distributed";
   app.add_option(
          "--model",
          opt.model,
@@ -595,12 +599,7 @@ int main(int argc, char** argv) {
          "write the initial weights to this checkpoint (for "
          "benchmarks/gpt2.py --init)")
       ->group(output);
-  app.add_flag(
-         "--ddp",
-         opt.ddp,
-         "data-parallel over torchrun's processes, one GPU each; "
-         "--batch-size is per process")
-      ->group(dist);
+  examples::add_dist_flags(app, opt.dist);
   CLI11_PARSE(app, argc, argv);
   if (opt.model == "tiny" && opt.seq_len == 0) {
     opt.seq_len = 64;
@@ -610,7 +609,7 @@ int main(int argc, char** argv) {
   }
 
   const examples::RunPlace place =
-      examples::place_run("gpt_amp", opt.ddp, opt.device, opt.cuda_graph);
+      examples::place_run("gpt_amp", opt.dist, opt.device, opt.cuda_graph);
   if (place.exit_status != 0) {
     return place.exit_status;
   }

@@ -51,7 +51,7 @@ struct Options {
   double lr = 1e-3;
   int64_t seed = 0;
   int64_t log_every = 100;
-  bool ddp = false;
+  examples::DistFlags dist;
   bool cuda_graph = false;
   std::string metrics;
   double min_accuracy = 0;
@@ -398,11 +398,7 @@ int main(int argc, char** argv) {
       opt.cuda_graph,
       "capture the training step in a CUDA graph (lamp::GraphedStep) and "
       "replay it; drops each epoch's last partial batch");
-  app.add_flag(
-      "--ddp",
-      opt.ddp,
-      "data-parallel over torchrun's processes, one GPU each (a world of "
-      "one without torchrun); --batch-size is per GPU");
+  examples::add_dist_flags(app, opt.dist);
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
   app.add_option(
          "--min-accuracy",
@@ -418,7 +414,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const examples::RunPlace place =
-      examples::place_run("mlp_amp", opt.ddp, opt.device, opt.cuda_graph);
+      examples::place_run("mlp_amp", opt.dist, opt.device, opt.cuda_graph);
   if (place.exit_status != 0) {
     return place.exit_status;
   }

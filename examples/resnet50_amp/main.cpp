@@ -59,7 +59,7 @@ struct Options {
   bool no_s2d_stem = false;
   bool no_cast_weights = false;
   bool cudnn_benchmark = false;
-  bool ddp = false;
+  examples::DistFlags dist;
   bool cuda_graph = false;
   double bucket_cap_mb = 25;
   bool grad_as_bucket_view = false;
@@ -481,11 +481,7 @@ int main(int argc, char** argv) {
          opt.no_fused_bn,
          "torch::nn::BatchNorm2d, add and torch::relu (torchvision's model)")
       ->excludes(fused);
-  app.add_flag(
-      "--ddp",
-      opt.ddp,
-      "data-parallel over the processes torchrun, srun or mpirun started, "
-      "one GPU each; --batch-size is per GPU");
+  examples::add_dist_flags(app, opt.dist);
   app.add_option("--lr", opt.lr, "Adam learning rate")->capture_default_str();
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between progress lines")
@@ -519,7 +515,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const examples::RunPlace place =
-      examples::place_run("resnet50_amp", opt.ddp, opt.device, opt.cuda_graph);
+      examples::place_run("resnet50_amp", opt.dist, opt.device, opt.cuda_graph);
   if (place.exit_status != 0) {
     return place.exit_status;
   }

@@ -1,11 +1,14 @@
 #include <lamp/dist/launch.h>
 
 #include "launchers.h"
+#include "meet.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
@@ -364,22 +367,50 @@ c10::intrusive_ptr<c10d::Store> rendezvous(
       " (launcher: " + to_string(config.launcher) + ", rank " +
       std::to_string(config.rank) + " of " + std::to_string(config.world_size) +
       ")";
+  c10::intrusive_ptr<c10d::Store> store;
   try {
     // NOTE: as torch.distributed's env:// rendezvous: under torchrun the
     // agent already serves the store and every worker is a client of it,
-    // under a per-restart prefix; otherwise rank 0 serves it and waits for
-    // every other rank to connect.
-    if (config.agent_store) {
-      options.isServer = false;
-      options.waitWorkers = false;
-      auto store =
-          c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
-      return c10::make_intrusive<c10d::PrefixStore>(
-          "/worker/attempt_" + config.restart_count, store);
+    // under a per-restart prefix; otherwise rank 0 serves it. Then the
+    // ranks meet on it (detail::meet), which says whom it waits for.
+    const auto start = std::chrono::steady_clock::now();
+    options.isServer = !config.agent_store && config.rank == 0;
+    options.waitWorkers = false;
+    options.multiTenant = !config.agent_store;
+    // NOTE: a client tries for kMeetPatience first, then says once that the
+    // store is not there yet, then tries for the rest of the timeout.
+    options.timeout = options.isServer
+        ? timeout
+        : std::min<std::chrono::milliseconds>(detail::kMeetPatience, timeout);
+    c10::intrusive_ptr<c10d::TCPStore> tcp;
+    try {
+      tcp = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
+    } catch (const std::exception&) {
+      const auto left = timeout -
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - start);
+      if (options.isServer || left.count() <= 0) {
+        throw;
+      }
+      TORCH_WARN(
+          "lamp::dist: rank ",
+          config.rank,
+          " is waiting for the store at ",
+          where,
+          " (served by ",
+          config.agent_store ? "torchrun's agent" : "rank 0",
+          "); it waits up to ",
+          timeout.count() / 1000.0,
+          " s in all");
+      options.timeout = left;
+      tcp = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
     }
-    options.isServer = config.rank == 0;
-    options.multiTenant = true;
-    return c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
+    tcp->setTimeout(timeout);
+    store = tcp;
+    if (config.agent_store) {
+      store = c10::make_intrusive<c10d::PrefixStore>(
+          "/worker/attempt_" + config.restart_count, tcp);
+    }
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const c10::Error*>(&e);
     TORCH_CHECK_WITH(
@@ -397,9 +428,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(
             : ". Did every rank start, with the same MASTER_ADDR and "
               "MASTER_PORT?");
   }
-  // NOTE: a throw, not TORCH_INTERNAL_ASSERT(false): unoptimised, GCC does
-  // not see that the assert never returns (-Wreturn-type).
-  throw std::logic_error("lamp::dist::rendezvous: unreachable");
+  detail::meet(*store, config, timeout, where);
+  return store;
 }
 
 } // namespace lamp::dist

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -547,17 +548,64 @@ TEST(DistRendezvous, UnderTorchrunEveryRankIsAClientOfTheAgentsStore) {
   agent_options.waitWorkers = false;
   c10d::TCPStore agent("127.0.0.1", agent_options);
 
-  ScopedEnv env(
-      {{"RANK", "0"},
-       {"WORLD_SIZE", "2"},
-       {"MASTER_ADDR", "127.0.0.1"},
-       {"MASTER_PORT", std::to_string(port)},
-       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-       {"TORCHELASTIC_RESTART_COUNT", "1"}});
-  auto store = lamp::dist::rendezvous(
-      lamp::dist::launch_config(), std::chrono::seconds(30));
+  // Both ranks: rendezvous returns once they have met.
+  auto config_of = [&](int rank) {
+    return lamp::dist::launch_config(
+        ProcessGroupOptions(),
+        {{"RANK", std::to_string(rank)},
+         {"WORLD_SIZE", "2"},
+         {"MASTER_ADDR", "127.0.0.1"},
+         {"MASTER_PORT", std::to_string(port)},
+         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+         {"TORCHELASTIC_RESTART_COUNT", "1"}});
+  };
+  std::thread other(
+      [&] { lamp::dist::rendezvous(config_of(1), std::chrono::seconds(30)); });
+  auto store = lamp::dist::rendezvous(config_of(0), std::chrono::seconds(30));
+  other.join();
   store->set("key", std::vector<uint8_t>{'v'});
   EXPECT_EQ(agent.get("/worker/attempt_1/key"), std::vector<uint8_t>{'v'});
+}
+
+// A rank kept waiting says once, after a few seconds, whom it waits for,
+// where, and how long it will wait; the late rank then joins.
+TEST(DistRendezvous, AWaitingRankSaysWhomItWaitsFor) {
+  struct Collect : c10::WarningHandler {
+    void process(const c10::Warning& w) override {
+      std::lock_guard<std::mutex> lock(mutex);
+      messages.push_back(w.msg());
+    }
+    std::mutex mutex;
+    std::vector<std::string> messages;
+  } collect;
+  c10::WarningUtils::WarningHandlerGuard guard(&collect);
+  const int port = free_port();
+  auto config_of = [&](int64_t rank) {
+    return lamp::dist::launch_config(
+        ProcessGroupOptions()
+            .rank(rank)
+            .world_size(2)
+            .master_addr("127.0.0.1")
+            .master_port(port),
+        {});
+  };
+  // NOTE: the warning handler is thread-local; rank 0 runs on this thread.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(7));
+    lamp::dist::rendezvous(config_of(1), std::chrono::seconds(30));
+  });
+  EXPECT_NO_THROW(
+      lamp::dist::rendezvous(config_of(0), std::chrono::seconds(30)));
+  late.join();
+  ASSERT_EQ(collect.messages.size(), 1u);
+  const auto& m = collect.messages[0];
+  EXPECT_NE(
+      m.find(
+          "rank 0 is waiting for 1 of 2 ranks (1) at 127.0.0.1:" +
+          std::to_string(port)),
+      std::string::npos)
+      << m;
+  EXPECT_NE(m.find("waits up to 30 s"), std::string::npos) << m;
 }
 
 TEST(DistRendezvous, AMissingRankIsADistStoreErrorNotAHang) {
