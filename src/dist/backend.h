@@ -59,6 +59,19 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual void watch_replay(const c10::Stream& stream) = 0;
 };
 
+/// "sum", "avg" or "max", for messages.
+inline const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
 /// What `make_nccl_backend` needs from the process group.
 struct BackendOptions {
   int64_t rank = 0;

@@ -46,18 +46,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
-const char* name_of(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
-}
-
 // The network device Gloo listens on: GLOO_SOCKET_IFNAME's first interface
 // when set (as torch.distributed does), else the address this host's name
 // resolves to (ProcessGroupGloo falls back to the loopback).
@@ -125,7 +113,7 @@ class GlooBackend final : public Backend {
     options.timeout = timeout_;
     start(
         [&] { return group_->allreduce(tensors, options); },
-        std::string("allreduce (") + name_of(op) + ") of " +
+        std::string("allreduce (") + op_name(op) + ") of " +
             std::to_string(tensor.numel()) + " " +
             c10::toString(tensor.scalar_type()),
         op == ReduceOp::kAvg ? tensor : at::Tensor());

@@ -413,20 +413,11 @@ c10::intrusive_ptr<c10d::Store> rendezvous(
     }
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const c10::Error*>(&e);
-    TORCH_CHECK_WITH(
-        DistStoreError,
-        false,
-        "lamp::dist::rendezvous: the ranks did not meet at ",
+    detail::did_not_meet(
+        config,
         where,
-        " within ",
-        timeout.count(),
-        " ms: ",
-        error ? error->what_without_backtrace() : e.what(),
-        config.launcher == Launcher::kSlurm
-            ? ". Under Slurm: was every task started with srun (a program run "
-              "directly in the batch script is one task of SLURM_NTASKS)?"
-            : ". Did every rank start, with the same MASTER_ADDR and "
-              "MASTER_PORT?");
+        timeout,
+        error ? error->what_without_backtrace() : e.what());
   }
   detail::meet(*store, config, timeout, where);
   return store;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,19 @@ void meet(
     return;
   }
   missing = missing_ranks(store, generation, n, &count);
+  did_not_meet(
+      config,
+      where,
+      timeout,
+      std::to_string(count) + " of " + std::to_string(n) +
+          " ranks never came (" + missing + ")");
+}
+
+void did_not_meet(
+    const LaunchConfig& config,
+    const std::string& where,
+    std::chrono::milliseconds timeout,
+    const std::string& what) {
   TORCH_CHECK_WITH(
       DistStoreError,
       false,
@@ -107,12 +121,15 @@ void meet(
       " within ",
       timeout.count(),
       " ms: ",
-      count,
-      " of ",
-      n,
-      " ranks never came (",
-      missing,
-      "). Did every rank start, with the same MASTER_ADDR and MASTER_PORT?");
+      what,
+      config.launcher == Launcher::kSlurm
+          ? ". Under Slurm: was every task started with srun (a program run "
+            "directly in the batch script is one task of SLURM_NTASKS)?"
+          : ". Did every rank start, with the same MASTER_ADDR and "
+            "MASTER_PORT?");
+  // NOTE: a throw, not TORCH_INTERNAL_ASSERT(false): unoptimised, GCC does
+  // not see that the assert never returns (-Wreturn-type).
+  throw std::logic_error("lamp::dist::did_not_meet: unreachable");
 }
 
 } // namespace lamp::dist::detail

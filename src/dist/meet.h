@@ -24,4 +24,12 @@ void meet(
     std::chrono::milliseconds timeout,
     const std::string& where);
 
+/// Throws the c10::DistStoreError of ranks that did not meet at `where`
+/// within `timeout`: `what` went wrong, and a hint for the launcher.
+[[noreturn]] void did_not_meet(
+    const LaunchConfig& config,
+    const std::string& where,
+    std::chrono::milliseconds timeout,
+    const std::string& what);
+
 } // namespace lamp::dist::detail

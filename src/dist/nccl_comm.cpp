@@ -1,5 +1,7 @@
 #include "nccl_comm.h"
 
+#include "backend.h"
+
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 
@@ -12,18 +14,6 @@ namespace {
 // How long `abort` waits for `call_mutex_` before it concludes that the
 // holder is blocked inside NCCL. See Note [Process group threads and locks].
 constexpr auto kAbortGrace = std::chrono::seconds(1);
-
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
-}
 
 // The outcome of an NCCL call on a helper thread that the caller may stop
 // waiting for; shared so that an abandoned helper touches nothing freed.
