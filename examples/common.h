@@ -33,9 +33,10 @@ namespace examples {
 constexpr int kSkip = 77;
 
 struct Precision {
-  std::string name; // fp32, fp16 or bf16
+  std::string name; // fp32, fp16, bf16 or fp8
   bool amp;
   c10::ScalarType dtype;
+  bool fp8 = false; // bf16 autocast + lamp::Fp8AutocastGuard (lamp/fp8.h)
 };
 
 /// What an example does with an exception that training threw (a bad
@@ -59,6 +60,9 @@ inline Precision precision(const std::string& name) {
   }
   if (name == "bf16") {
     return {name, true, torch::kBFloat16};
+  }
+  if (name == "fp8") {
+    return {name, true, torch::kBFloat16, true};
   }
   return {"fp32", false, torch::kFloat};
 }

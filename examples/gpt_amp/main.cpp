@@ -209,6 +209,8 @@ int run(
         // Every linear layer's weight and bias cast in one kernel (their
         // gradients back in another) instead of one each.
         lamp::CastWeightsGuard cast(*model, device.type());
+        // --precision fp8: the blocks' GEMMs in FP8 (lamp/fp8.h).
+        lamp::Fp8AutocastGuard fp8(lamp::Fp8Recipe(), precision.fp8);
         loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
       }
       scaler.scale(loss).backward();
@@ -466,8 +468,9 @@ int main(int argc, char** argv) {
   app.add_option(
          "--precision",
          opt.precision,
-         "fp32, fp16 (with loss scaling) or bf16 (default: bf16)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+         "fp32, fp16 (with loss scaling), bf16 (default), or fp8 (bf16 with "
+         "the blocks' GEMMs in FP8, tensorwise scales; Hopper/Ada on a GPU)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}))
       ->group(speed);
   app.add_option("--device", opt.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))

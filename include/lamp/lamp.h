@@ -13,6 +13,7 @@
 #include <lamp/cuda_graph.h>
 #include <lamp/data.h>
 #include <lamp/distributed.h>
+#include <lamp/fp8.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
 #include <lamp/nn/add_layer_norm.h>

@@ -6,12 +6,17 @@
 
 #include <cmath>
 
+#include "fp8_linear.h"
+
 namespace lamp::nn {
 
 torch::Tensor linear(
     const torch::Tensor& input,
     const torch::Tensor& weight,
     const torch::Tensor& bias) {
+  if (detail::fp8_applies(input, weight)) {
+    return detail::fp8_linear(input, weight, bias); // lamp/fp8.h
+  }
   // NOTE: ATen's op, not torch::nn::functional::linear's matmul + add (see
   // the header): the autograd and autocast kernels are Python's.
   return at::linear(input, weight, bias);

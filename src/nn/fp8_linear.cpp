@@ -1,0 +1,179 @@
+#include "fp8_linear.h"
+
+#include <lamp/config.h>
+#include <lamp/fp8.h>
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_scaled_mm.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+
+#if LAMP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <optional>
+#include <utility>
+
+namespace lamp::nn::detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr double kTorchaoEps = 1e-12; // torchao's EPS for amax
+
+double max_of(at::ScalarType fp8) {
+  return fp8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+}
+
+// `t` with column-major strides (cuBLASLt's layout for _scaled_mm's second
+// operand; the CPU takes it too).
+at::Tensor column_major(const at::Tensor& t) {
+  return t.t().contiguous().t();
+}
+
+// The GEMM's output dtype: autocast's when it is on for the input's device,
+// else the input's.
+at::ScalarType out_dtype_of(const at::Tensor& input) {
+  const auto type = input.device().type();
+  if (at::autocast::is_autocast_enabled(type)) {
+    return at::autocast::get_autocast_dtype(type);
+  }
+  return input.scalar_type();
+}
+
+// a (row-major, scaled by a_inv) @ b (column-major, scaled by b_inv).
+at::Tensor scaled_mm(
+    const at::Tensor& a,
+    const at::Tensor& a_inv,
+    const at::Tensor& b,
+    const at::Tensor& b_inv,
+    at::ScalarType out_dtype,
+    const std::optional<at::Tensor>& bias = std::nullopt) {
+  return at::_scaled_mm(
+      a,
+      b,
+      a_inv,
+      b_inv,
+      bias,
+      /*scale_result=*/std::nullopt,
+      out_dtype,
+      /*use_fast_accum=*/false);
+}
+
+struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      std::optional<at::Tensor> bias) {
+    const auto out_dtype = out_dtype_of(input);
+    const int64_t in = weight.size(1);
+    // NOTE: under autocast the input is cast to its dtype first, as
+    // torchao's Float8Linear does (a linear's inputs are autocast's).
+    const auto rows = input.reshape({-1, in}).to(out_dtype);
+    auto [x8, x_inv] = quantize_tensorwise(rows, at::kFloat8_e4m3fn);
+    auto [w8, w_inv] = quantize_tensorwise(weight, at::kFloat8_e4m3fn);
+    // NOTE: the bias in the GEMM's epilogue where _scaled_mm takes it (a
+    // 16-bit output), else one add.
+    const bool epilogue =
+        bias && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
+    auto y = scaled_mm(
+        x8,
+        x_inv,
+        w8.t(),
+        w_inv,
+        out_dtype,
+        epilogue ? std::optional<at::Tensor>(bias->to(out_dtype))
+                 : std::nullopt);
+    if (bias && !epilogue) {
+      y = y + bias->to(out_dtype);
+    }
+    ctx->save_for_backward({x8, x_inv, w8, w_inv});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["in_dtype"] = input.scalar_type();
+    ctx->saved_data["w_dtype"] = weight.scalar_type();
+    auto sizes = input.sizes().vec();
+    sizes.back() = weight.size(0);
+    return y.view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x8 = saved[0];
+    const auto& x_inv = saved[1];
+    const auto& w8 = saved[2];
+    const auto& w_inv = saved[3];
+    const auto in_dtype = ctx->saved_data["in_dtype"].toScalarType();
+    const auto w_dtype = ctx->saved_data["w_dtype"].toScalarType();
+    const int64_t out = w8.size(0);
+    const auto& grad = grads[0];
+    const auto g = grad.reshape({-1, out});
+    auto [g8, g_inv] = quantize_tensorwise(g, at::kFloat8_e5m2);
+    // dX = dY @ W: e5m2 x e4m3.
+    auto dx = scaled_mm(g8, g_inv, column_major(w8), w_inv, in_dtype);
+    auto in_sizes = grad.sizes().vec();
+    in_sizes.back() = w8.size(1);
+    // dW = dY^T @ X: e5m2 x e4m3, into the weight's dtype (fp32 master).
+    auto dw =
+        scaled_mm(g8.t().contiguous(), g_inv, column_major(x8), x_inv, w_dtype);
+    at::Tensor db;
+    if (ctx->saved_data["has_bias"].toBool()) {
+      db = g.sum(0, /*keepdim=*/false, at::kFloat).to(w_dtype);
+    }
+    return {dx.view(in_sizes), dw, db};
+  }
+};
+
+} // namespace
+
+std::pair<at::Tensor, at::Tensor> quantize_tensorwise(
+    const at::Tensor& x,
+    at::ScalarType fp8) {
+  const double max = max_of(fp8);
+  const auto amax = x.abs().amax().to(at::kFloat);
+  const auto scale = max / amax.clamp_min(kTorchaoEps);
+  auto data = (x.to(at::kFloat) * scale).clamp(-max, max).to(fp8);
+  return {std::move(data), scale.reciprocal()};
+}
+
+bool fp8_applies(const at::Tensor& input, const at::Tensor& weight) {
+  if (!Fp8AutocastGuard::is_enabled() || !input.is_floating_point() ||
+      !weight.is_floating_point() || weight.dim() != 2 || input.dim() < 1) {
+    return false;
+  }
+  if (!input.is_cuda()) {
+    return true;
+  }
+#if LAMP_WITH_CUDA
+  const auto* props = at::cuda::getDeviceProperties(input.device().index());
+  TORCH_CHECK(
+      props->major * 10 + props->minor >= 89,
+      "lamp::Fp8AutocastGuard: FP8 GEMMs need compute capability 8.9 or "
+      "newer (Ada, Hopper); ",
+      input.device(),
+      " is ",
+      props->major,
+      ".",
+      props->minor,
+      ". Train in bf16 (leave the FP8 scope out).");
+#endif
+  // NOTE: cuBLASLt's FP8 GEMMs take dimensions that are multiples of 16;
+  // every GEMM of forward and backward uses rows, in and out.
+  const int64_t in = weight.size(1), out = weight.size(0);
+  const int64_t rows = in > 0 ? input.numel() / in : 0;
+  return rows % 16 == 0 && in % 16 == 0 && out % 16 == 0 && rows > 0;
+}
+
+at::Tensor fp8_linear(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& bias) {
+  return Fp8LinearFunction::apply(
+      input,
+      weight,
+      bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+} // namespace lamp::nn::detail
