@@ -100,7 +100,11 @@ void expect_gemms_of_dequantised_operands(torch::Device device) {
   const auto dx_ref = gq.matmul(wq).reshape({4, 8, 32});
   EXPECT_LT(rel_max_error(x.grad(), dx_ref), 8e-3);
   EXPECT_EQ(fc->weight.grad().scalar_type(), torch::kFloat);
-  EXPECT_LT(rel_max_error(fc->weight.grad(), gq.t().matmul(xq)), 1e-5);
+  // NOTE: an fp32 output, but Hopper's FP8 tensor cores accumulate with
+  // fewer bits than fp32 (measured 9e-5 on an H100; the CPU: 1e-7).
+  EXPECT_LT(
+      rel_max_error(fc->weight.grad(), gq.t().matmul(xq)),
+      device.is_cuda() ? 1e-3 : 1e-5);
   // The bias's gradient in high precision, from the unquantised gradient.
   EXPECT_LT(
       rel_max_error(
