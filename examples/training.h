@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -17,6 +18,33 @@
 #include "common.h"
 
 namespace examples {
+
+// Number checks whose messages a user reads: "--batch-size: must be a
+// positive number, got 0", "--steps: 'abc' is not a number" (CLI11's own say
+// "Value 0 not in range 0.000000 to 1797693...").
+inline CLI::Validator number_at_least(double low, bool strict) {
+  const std::string what = strict ? "a positive number" : "zero or more";
+  return CLI::Validator(
+      [low, strict, what](std::string& text) -> std::string {
+        size_t used = 0;
+        double value = 0;
+        try {
+          value = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) {
+          return "'" + text + "' is not a number";
+        }
+        if (std::isnan(value) || (strict ? value <= low : value < low)) {
+          return "must be " + what + ", got " + text;
+        }
+        return {};
+      },
+      strict ? "> 0" : ">= 0");
+}
+inline const CLI::Validator Positive = number_at_least(0, true);
+inline const CLI::Validator NonNegative = number_at_least(0, false);
 
 struct RunOptions {
   double clip_grad_norm = 0; // 0: off
@@ -43,7 +71,7 @@ inline void add_dist_flags(CLI::App& app, DistFlags& f) {
          f.timeout_s,
          "seconds to wait for the other processes (rendezvous) and for any "
          "collective before failing")
-      ->check(CLI::PositiveNumber)
+      ->check(Positive)
       ->capture_default_str()
       ->group("Distributed");
 }
@@ -54,7 +82,7 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
          o.clip_grad_norm,
          "clip the gradients' total 2-norm to this after unscaling "
          "(lamp::clip_grad_norm_; 0 = off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative)
       ->capture_default_str();
   app.add_option(
          "--lr-schedule",
@@ -68,9 +96,9 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
          o.warmup_steps,
          "linear learning-rate warm-up before the schedule (onecycle: its "
          "rising phase)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative)
       ->capture_default_str();
-  app.add_option(
+  auto* dir = app.add_option(
       "--checkpoint-dir",
       o.checkpoint_dir,
       "write checkpoints (model, optimizer, scaler, schedule, step, RNG) "
@@ -79,7 +107,7 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
          "--checkpoint-every",
          o.checkpoint_every,
          "steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative)
       ->capture_default_str();
   app.add_flag(
       "--async-checkpoint",
@@ -87,17 +115,18 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
       "write checkpoints in a background thread: training pauses only while "
       "the state is copied to host memory");
   app.add_flag(
-      "--resume",
-      o.resume,
-      "continue from the newest checkpoint in --checkpoint-dir (from the "
-      "start if there is none); the run ends where the uninterrupted run "
-      "ends");
+         "--resume",
+         o.resume,
+         "continue from the newest checkpoint in --checkpoint-dir (from the "
+         "start if there is none); the run ends where the uninterrupted run "
+         "ends")
+      ->needs(dir); // else it would be ignored without a word
   app.add_option(
          "--stop-after",
          o.stop_after,
          "stop this process after this many steps, as if killed (to try "
          "--resume)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative);
 }
 
 /// The per-step learning-rate schedule of `o` over `total` steps, or null

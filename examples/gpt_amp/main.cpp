@@ -487,14 +487,14 @@ int main(int argc, char** argv) {
          "recompute the activations of the first N blocks in the backward "
          "pass instead of keeping them (less memory, ~1/3 more compute), "
          "or of all")
-      ->check(CLI::IsMember({"all"}) | CLI::NonNegativeNumber)
+      ->check(CLI::IsMember({"all"}) | examples::NonNegative)
       ->capture_default_str()
       ->group(speed);
   app.add_option(
          "--peak-tflops",
          opt.peak_tflops,
          "the GPU's dense bf16 peak, for MFU (H100/H200 SXM: 989)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str()
       ->group(speed);
   app.add_option(
@@ -512,40 +512,40 @@ int main(int argc, char** argv) {
          "--seq-len",
          opt.seq_len,
          "tokens a sequence (default: the block size, 1024; tiny 64)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->group(data);
   app.add_option(
          "--batch-size",
          opt.batch_size,
          "sequences a micro-batch, per process (default 16; CPU 4)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->group(loop);
   app.add_option(
          "--grad-accum",
          opt.grad_accum,
          "micro-batches an optimizer step (gradient accumulation)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str()
       ->group(loop);
   app.add_option(
          "--steps", opt.steps, "timed optimizer steps (default 50; CPU 20)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->group(loop);
   app.add_option(
          "--warmup",
          opt.warmup,
          "untimed optimizer steps before them (default 10; CPU 2)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::NonNegative)
       ->group(loop);
   app.add_option("--lr", opt.lr, "AdamW's learning rate (see --lr-schedule)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str()
       ->group(loop);
   app.add_option(
          "--weight-decay",
          opt.weight_decay,
          "AdamW's weight decay, on matrices and embeddings only")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::NonNegative)
       ->capture_default_str()
       ->group(loop);
   app.add_option("--seed", opt.seed, "seed of the weights and the data order")
@@ -555,14 +555,14 @@ int main(int argc, char** argv) {
          "--eval-every",
          opt.eval_every,
          "steps between validation losses (0: only at the end; needs --val-data)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::NonNegative)
       ->capture_default_str()
       ->group(loop);
   app.add_option(
          "--eval-batches",
          opt.eval_batches,
          "validation batches a validation loss")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str()
       ->group(loop);
   opt.run.lr_schedule = "cosine";
@@ -573,13 +573,13 @@ int main(int argc, char** argv) {
          opt.sample_tokens,
          "tokens to sample at the end (default: 200 for byte vocabularies, "
          "else 0)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::NonNegative)
       ->group(output);
   app.add_option(
          "--log-every",
          opt.log_every,
          "steps between progress and metrics lines")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str()
       ->group(output);
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
@@ -588,7 +588,7 @@ int main(int argc, char** argv) {
          "--max-loss",
          opt.max_loss,
          "exit 1 if the final training loss is above this (0: no check)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(examples::NonNegative)
       ->group(output);
   app.add_option(
          "--trace",

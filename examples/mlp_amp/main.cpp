@@ -379,19 +379,19 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--epochs", opt.epochs)
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option("--batch-size", opt.batch_size)
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option("--lr", opt.lr, "Adam learning rate (see --lr-schedule)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   opt.run.lr_schedule = "linear";
   examples::add_run_flags(app, opt.run);
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between metrics lines")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_flag(
       "--cuda-graph",

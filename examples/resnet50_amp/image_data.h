@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "training.h"
+
 namespace examples {
 
 struct DataOptions {
@@ -41,13 +43,13 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
       "train on real images: DIR/train and DIR/val, one folder per class "
       "(torchvision's ImageFolder); without it, synthetic data");
   app.add_option("--epochs", o.epochs, "--data: epochs (replaces --steps)")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option("--workers", o.workers, "--data: decode threads per process")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "--data: batches prepared ahead")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_flag(
          "--prefetch-next-epoch,!--no-prefetch-next-epoch",
@@ -60,7 +62,7 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
          o.stage_threads,
          "--data: threads that make batches on the device, each with its own "
          "stream and nvJPEG decoder")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option(
          "--decode-nice",

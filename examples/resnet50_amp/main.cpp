@@ -426,11 +426,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--batch-size", opt.batch_size, "default 64 (CPU: 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::Positive);
   app.add_option("--steps", opt.steps, "timed steps (default 100, CPU: 5)")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::Positive);
   app.add_option("--warmup", opt.warmup, "untimed steps (default 10, CPU: 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::NonNegative);
   app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
       ->check(CLI::Range(32, 1024));
   app.add_flag("--channels-last", opt.channels_last, "NHWC memory format");
@@ -485,7 +485,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", opt.lr, "Adam learning rate")->capture_default_str();
   app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between progress lines")
-      ->check(CLI::PositiveNumber)
+      ->check(examples::Positive)
       ->capture_default_str();
   app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
   app.add_flag(
