@@ -15,6 +15,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -29,8 +30,14 @@
 
 namespace examples {
 
-/// Exit status of an example that cannot run here (CTest's SKIP_RETURN_CODE).
-constexpr int kSkip = 77;
+/// Exit status of an example asked for a GPU where there is none: 1, an
+/// ordinary failure, or CTest's skip code 77 when the environment has
+/// LAMP_SKIP_WITHOUT_GPU=1 (the GPU tests set it, so that they are reported
+/// as skipped on machines without one).
+inline int no_gpu_status() {
+  const char* skip = std::getenv("LAMP_SKIP_WITHOUT_GPU");
+  return skip != nullptr && std::string(skip) == "1" ? 77 : 1;
+}
 
 struct Precision {
   std::string name; // fp32, fp16, bf16 or fp8
@@ -101,8 +108,8 @@ inline std::optional<torch::Device> ddp_device(
 /// device, or, when it cannot run, the exit status to return (`exit_status`
 /// non-zero, its reason printed as "<program>: ..."): 2 for a launch the
 /// flags do not fit (several processes without `--ddp`, a bad launcher
-/// environment, peers that never came), `kSkip` for CUDA asked for
-/// (`--device cuda`, `--cuda-graph`) where there is none.
+/// environment, peers that never came), `no_gpu_status()` for CUDA asked
+/// for (`--device cuda`, `--cuda-graph`) where there is none.
 struct RunPlace {
   std::shared_ptr<lamp::dist::ProcessGroup> pg;
   torch::Device device{torch::kCPU};
@@ -149,12 +156,12 @@ inline RunPlace place_run(
   }
   if (!device) {
     std::cerr << program << ": --device cuda but no CUDA device is available\n";
-    place.exit_status = kSkip;
+    place.exit_status = no_gpu_status();
     return place;
   }
   if (cuda_graph && !device->is_cuda()) {
     std::cerr << program << ": --cuda-graph needs a CUDA device\n";
-    place.exit_status = kSkip;
+    place.exit_status = no_gpu_status();
     return place;
   }
   place.device = *device;

@@ -445,8 +445,9 @@ int main(int argc, char** argv) {
               << "mlp_amp: MLP 784-512-10 on Fashion-MNIST ("
               << data.train_x.size(0) << " train, " << data.test_x.size(0)
               << " test images) on " << device << ", batch " << opt.batch_size
-              << ", " << opt.epochs << " epochs, Adam lr " << opt.lr << " ("
-              << opt.run.lr_schedule << " schedule"
+              << ", " << opt.epochs << (opt.epochs == 1 ? " epoch" : " epochs")
+              << ", Adam lr " << opt.lr << " (" << opt.run.lr_schedule
+              << " schedule"
               << (opt.run.warmup_steps > 0
                       ? ", " + std::to_string(opt.run.warmup_steps) +
                           " warm-up steps"
