@@ -14,6 +14,7 @@
 
 set(LAMP_TORCH_PIN "2.11.0")
 set(LAMP_TORCHVISION_PIN "0.26.0")
+set(LAMP_MATPLOTLIB_PIN "3.10.0") # tools/plot_metrics.py
 set(LAMP_CUDNN_FRONTEND_PIN "1.32.0")
 set(LAMP_VENV_DIR "${PROJECT_SOURCE_DIR}/.venv" CACHE PATH
     "Project-local virtual environment used when no LibTorch is found otherwise")
@@ -207,6 +208,22 @@ if(NOT LAMP_TORCH_SOURCE)
     if(NOT rc EQUAL 0)
       message(WARNING "lamp: could not install torchvision; the ResNet-50 "
                       "comparison test will be skipped")
+    endif()
+  endif()
+  # tools/plot_metrics.py draws the examples' --metrics files.
+  execute_process(
+    COMMAND "${_venv_python}" -c "import matplotlib"
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    message(STATUS "lamp: installing PyPI matplotlib==${LAMP_MATPLOTLIB_PIN} "
+                   "into ${LAMP_VENV_DIR} (tools/plot_metrics.py)")
+    execute_process(
+      COMMAND "${_venv_python}" -m pip install --disable-pip-version-check
+              --progress-bar off "matplotlib==${LAMP_MATPLOTLIB_PIN}"
+      RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(WARNING "lamp: could not install matplotlib; "
+                      "tools/plot_metrics.py and its test will be skipped")
     endif()
   endif()
   # cudnn-frontend's headers (lamp's cuDNN graph code) beside a CUDA torch:

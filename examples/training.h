@@ -7,9 +7,14 @@
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -212,13 +217,29 @@ class RunCheckpoints {
       const RunOptions& o,
       std::shared_ptr<lamp::dist::ProcessGroup> pg,
       std::string program)
-      : options_(o), program_(std::move(program)) {
+      : options_(o),
+        program_(std::move(program)),
+        print_(!pg || pg->rank() == 0),
+        terminal_(isatty(fileno(stdout)) != 0) {
     if (!o.checkpoint_dir.empty()) {
       manager_.emplace(
           o.checkpoint_dir,
           lamp::CheckpointManagerOptions()
               .process_group(std::move(pg))
               .async_save(o.async_checkpoint));
+      // NOTE: before the first step, not after all of them.
+      const auto probe = manager_->dir() + "/.write-test";
+      std::FILE* f = std::fopen(probe.c_str(), "w");
+      const int error = errno;
+      TORCH_CHECK(
+          f != nullptr,
+          "--checkpoint-dir ",
+          manager_->dir(),
+          " is not writable (",
+          std::strerror(error),
+          "); pass a folder this process can write to");
+      std::fclose(f);
+      std::remove(probe.c_str());
     }
   }
 
@@ -259,7 +280,23 @@ class RunCheckpoints {
         ((options_.checkpoint_every > 0 &&
           step % options_.checkpoint_every == 0) ||
          step == total)) {
-      manager_->save(state, step);
+      const auto start = std::chrono::steady_clock::now();
+      const auto path = manager_->save(state, step);
+      const std::chrono::duration<double> took =
+          std::chrono::steady_clock::now() - start;
+      if (print_ && options_.async_checkpoint) {
+        say("checkpoint of step " + std::to_string(step) +
+            " being written to " + path + " (in the background)");
+      } else if (print_) {
+        char size[32];
+        std::snprintf(
+            size,
+            sizeof size,
+            "%.1f MB, %.2f s",
+            std::filesystem::file_size(path) / 1e6,
+            took.count());
+        say("checkpoint saved: " + path + " (" + size + ")");
+      }
     }
     const bool go_on = options_.stop_after == 0 || done < options_.stop_after;
     if (manager_ && (!go_on || step == total)) {
@@ -269,8 +306,20 @@ class RunCheckpoints {
   }
 
  private:
+  // A line of its own, also when a progress line is being redrawn.
+  void say(const std::string& text) const {
+    std::printf(
+        "%s%s: %s\n",
+        terminal_ ? "\r\033[K" : "",
+        program_.c_str(),
+        text.c_str());
+    std::fflush(stdout);
+  }
+
   RunOptions options_;
   std::string program_;
+  bool print_; // rank 0
+  bool terminal_; // stdout is a terminal
   std::optional<lamp::CheckpointManager> manager_;
 };
 
