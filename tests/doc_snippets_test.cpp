@@ -224,6 +224,25 @@ TEST(DocSnippets, TheBatchNormActSnippetRunsOnTheCpu) {
   EXPECT_GE(out.min().item<double>(), 0.0); // after the ReLU
 }
 
+// docs/amp.md's FP8 scope, on the CPU: lamp's Linear runs in FP8 there
+// too (the CUDA autocast of the snippet does nothing on the CPU).
+TEST(DocSnippets, TheFp8SnippetRunsOnTheCpu) {
+  torch::manual_seed(0);
+  lamp::nn::Linear model(32, 16);
+  const auto x = torch::randn({4, 32});
+  torch::Tensor y;
+  {
+    // [snippet fp8]
+    lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+    lamp::Fp8AutocastGuard fp8; // Fp8Recipe().scaling(Fp8Scaling::kCurrent)
+    auto out = model->forward(x);
+    // [end snippet]
+    y = out;
+  }
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{4, 16}));
+  EXPECT_FALSE(torch::equal(y, at::linear(x, model->weight, model->bias)));
+}
+
 } // namespace
 
 } // namespace doc_snippets_test
