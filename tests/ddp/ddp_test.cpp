@@ -506,24 +506,22 @@ class DdpThreeCpus : public DdpRanks {
   }
 };
 
-// A test body for several fixtures: LAMP_DDP_TEST(All|Two, Name) defines
-// Name for DdpMultiGpu and DdpMultiCpu (Two), and DdpThreeCpus too (All).
-#define LAMP_DDP_TEST_Two(Name)  \
+// A test body for the three fixtures: LAMP_DDP_TEST(Name) defines Name for
+// DdpMultiGpu, DdpMultiCpu and DdpThreeCpus.
+#define LAMP_DDP_TEST(Name)      \
   void Name##_body(DdpRanks& t); \
   TEST_F(DdpMultiGpu, Name) {    \
     Name##_body(*this);          \
   }                              \
   TEST_F(DdpMultiCpu, Name) {    \
     Name##_body(*this);          \
-  }
-#define LAMP_DDP_TEST_All(Name)                        \
-  LAMP_DDP_TEST_Two(Name) TEST_F(DdpThreeCpus, Name) { \
-    Name##_body(*this);                                \
-  }
-#define LAMP_DDP_TEST(which, Name) \
-  LAMP_DDP_TEST_##which(Name) void Name##_body(DdpRanks& t)
+  }                              \
+  TEST_F(DdpThreeCpus, Name) {   \
+    Name##_body(*this);          \
+  }                              \
+  void Name##_body(DdpRanks& t)
 
-LAMP_DDP_TEST(All, Collectives) {
+LAMP_DDP_TEST(Collectives) {
   ASSERT_EQ(t.launch("--scenario collectives"), 0);
   for (int rank = 0; rank < t.ranks(); ++rank) {
     int checks = 0;
@@ -552,30 +550,30 @@ double amp_tolerance(const DdpRanks& t) {
 }
 constexpr double kAmpTolerance = 5e-3; // GPU-only tests
 
-LAMP_DDP_TEST(All, Fp32TrainingMatchesOneProcessOnTheWholeBatch) {
+LAMP_DDP_TEST(Fp32TrainingMatchesOneProcessOnTheWholeBatch) {
   ASSERT_EQ(t.launch("--fp32"), 0);
   t.expect_data_parallel_training(fp32_tolerance(t));
 }
 
-LAMP_DDP_TEST(All, AmpTrainingMatchesOneProcessOnTheWholeBatch) {
+LAMP_DDP_TEST(AmpTrainingMatchesOneProcessOnTheWholeBatch) {
   ASSERT_EQ(t.launch(""), 0);
   EXPECT_EQ(t.value(0, "buckets"), "1");
   t.expect_data_parallel_training(amp_tolerance(t));
 }
 
-LAMP_DDP_TEST(Two, ManyTinyBuckets) {
+LAMP_DDP_TEST(ManyTinyBuckets) {
   ASSERT_EQ(
       t.launch("--bucket-cap-mb 0.00001 --first-bucket-cap-mb 0.00001"), 0);
   EXPECT_EQ(t.value(0, "buckets"), "6") << "one bucket per parameter";
   t.expect_data_parallel_training(amp_tolerance(t));
 }
 
-LAMP_DDP_TEST(All, NoSyncGradientAccumulation) {
+LAMP_DDP_TEST(NoSyncGradientAccumulation) {
   ASSERT_EQ(t.launch("--no-sync"), 0);
   t.expect_data_parallel_training(amp_tolerance(t));
 }
 
-LAMP_DDP_TEST(Two, UnusedParameters) {
+LAMP_DDP_TEST(UnusedParameters) {
   ASSERT_EQ(t.launch("--unused"), 0);
   t.expect_data_parallel_training(amp_tolerance(t));
   // `never` (parameters #6, #7) got no gradient on any rank: untouched.
@@ -585,12 +583,12 @@ LAMP_DDP_TEST(Two, UnusedParameters) {
   EXPECT_TRUE(p0[7].equal(ref[7]));
 }
 
-LAMP_DDP_TEST(Two, Fp16Compression) {
+LAMP_DDP_TEST(Fp16Compression) {
   ASSERT_EQ(t.launch("--comm-dtype fp16"), 0);
   t.expect_data_parallel_training(2 * amp_tolerance(t));
 }
 
-LAMP_DDP_TEST(Two, GradientAsBucketView) {
+LAMP_DDP_TEST(GradientAsBucketView) {
   ASSERT_EQ(
       t.launch("--grad-view --bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01"),
       0);
@@ -599,7 +597,7 @@ LAMP_DDP_TEST(Two, GradientAsBucketView) {
 
 // A weight under two names (a tied LM head) is one parameter: bucketed and
 // averaged once per backward, stepped once, as in one process.
-LAMP_DDP_TEST(Two, ATiedWeightIsReducedOnce) {
+LAMP_DDP_TEST(ATiedWeightIsReducedOnce) {
   ASSERT_EQ(t.launch("--tied"), 0);
   t.expect_data_parallel_training(amp_tolerance(t));
 }
@@ -612,7 +610,7 @@ TEST_F(DdpMultiGpu, CudaGraphedStepsWithTheAllreduceInTheGraph) {
   EXPECT_EQ(history(0, "ddp")[5][1], 1.0) << "rank 1's inf reached rank 0";
 }
 
-LAMP_DDP_TEST(All, InfOnOneRankSkipsTheStepOnEvery) {
+LAMP_DDP_TEST(InfOnOneRankSkipsTheStepOnEvery) {
   ASSERT_EQ(t.launch("--inject-rank 1 --inject-step 5"), 0);
   t.expect_data_parallel_training(amp_tolerance(t));
   const auto h0 = t.history(0, "ddp");
@@ -620,7 +618,7 @@ LAMP_DDP_TEST(All, InfOnOneRankSkipsTheStepOnEvery) {
   EXPECT_EQ(h0[5][0], h0[4][0] / 2) << "the scale backed off";
 }
 
-LAMP_DDP_TEST(Two, LocalStepsAgreeThroughTheScalersProcessGroup) {
+LAMP_DDP_TEST(LocalStepsAgreeThroughTheScalersProcessGroup) {
   ASSERT_EQ(t.launch("--local-sgd --inject-rank 1 --inject-step 5"), 0);
   const auto h0 = t.history(0, "ddp");
   const auto h1 = t.history(1, "ddp");
@@ -635,7 +633,7 @@ LAMP_DDP_TEST(Two, LocalStepsAgreeThroughTheScalersProcessGroup) {
   EXPECT_FALSE(p0[0].equal(p1[0]));
 }
 
-LAMP_DDP_TEST(Two, BuffersFollowRankZero) {
+LAMP_DDP_TEST(BuffersFollowRankZero) {
   ASSERT_EQ(t.launch("--batch-norm"), 0);
   const auto b0 = t.tensors("rank0_buffers.pt");
   const auto b1 = t.tensors("rank1_buffers.pt");
@@ -651,7 +649,7 @@ LAMP_DDP_TEST(Two, BuffersFollowRankZero) {
   }
 }
 
-LAMP_DDP_TEST(Two, MismatchedModelsFailOnEveryRank) {
+LAMP_DDP_TEST(MismatchedModelsFailOnEveryRank) {
   ASSERT_EQ(t.launch("--scenario mismatch"), 0);
   for (int rank = 0; rank < t.ranks(); ++rank) {
     const auto error = t.value(rank, "error");
@@ -668,7 +666,7 @@ LAMP_DDP_TEST(Two, MismatchedModelsFailOnEveryRank) {
 // Rank 1 exits after three steps; every other rank throws a
 // DistBackendError within the timeout (+ 5 s). NCCL notices when the
 // watchdog's timeout strikes; Gloo sooner, when rank 1's sockets close.
-LAMP_DDP_TEST(All, ARankThatExitsMakesTheOthersFailWithinTheTimeout) {
+LAMP_DDP_TEST(ARankThatExitsMakesTheOthersFailWithinTheTimeout) {
   ASSERT_EQ(t.launch("--scenario exit --timeout-s 5"), 0);
   EXPECT_EQ(t.value(1, "exiting"), "");
   for (int rank = 0; rank < t.ranks(); ++rank) {
@@ -689,7 +687,7 @@ LAMP_DDP_TEST(All, ARankThatExitsMakesTheOthersFailWithinTheTimeout) {
 // Issue 13 (a): rank 1 never calls the first collective. Rank 0's allreduce
 // blocks (NCCL: inside NCCL on the host or on the device; Gloo: waiting for
 // rank 1's data) and fails within the timeout with a DistBackendError.
-LAMP_DDP_TEST(Two, APeerThatNeverReachesTheFirstCollectiveIsATimeout) {
+LAMP_DDP_TEST(APeerThatNeverReachesTheFirstCollectiveIsATimeout) {
   ASSERT_EQ(t.launch("--scenario never --timeout-s 5"), 0);
   EXPECT_EQ(t.value(1, "waited"), "");
   const auto error = t.value(0, "error");
