@@ -210,6 +210,17 @@ inline void clip_gradients(
   lamp::clip_grad_norm_(params, max_norm);
 }
 
+/// The end of every example's training step, after the scaled backward:
+/// clip (--clip-grad-norm), then the scaler's step and update.
+inline void step_optimizer(
+    lamp::GradScaler& scaler,
+    torch::optim::Optimizer& optimizer,
+    double max_norm) {
+  clip_gradients(scaler, optimizer, max_norm);
+  scaler.step(optimizer);
+  scaler.update();
+}
+
 /// --checkpoint-dir, --checkpoint-every, --resume and --stop-after.
 class RunCheckpoints {
  public:

@@ -216,9 +216,7 @@ int run(
       scaler.scale(loss).backward();
       sum = a == 0 ? loss.detach() : sum + loss.detach();
     }
-    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
-    scaler.step(optimizer);
-    scaler.update();
+    examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return sum;
   };
   std::optional<lamp::GraphedStep> graphed;

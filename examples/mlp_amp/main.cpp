@@ -230,9 +230,7 @@ Result train(
       loss = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(loss).backward();
-    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
-    scaler.step(optimizer);
-    scaler.update();
+    examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return loss;
   };
   // --cuda-graph: the whole step captured once (lamp::GraphedStep), then

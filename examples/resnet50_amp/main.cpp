@@ -253,9 +253,7 @@ Result train(
       out = torch::cross_entropy_loss(model->forward(in[0]), in[1]);
     }
     scaler.scale(out).backward();
-    examples::clip_gradients(scaler, optimizer, opt.run.clip_grad_norm);
-    scaler.step(optimizer);
-    scaler.update();
+    examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return out;
   };
   // --cuda-graph: warm up, capture the whole step once, then replay it.
