@@ -220,6 +220,8 @@ def parse_args():
     a("--init", help="a lamp checkpoint whose 'model' entry holds the weights")
     a("--seed", type=int, default=0)
     a("--metrics", help="write JSON lines here")
+    a("--trace", help="write a Chrome trace of the last 3 steps here (torch.profiler), "
+                      "as lamp's --trace does")
     a("--log-every", type=int, default=10)
     a("--peak-tflops", type=float, default=989.0,
       help="the device's dense peak for MFU (H100/H200 bf16: 989)")
@@ -363,7 +365,12 @@ def main():
         torch.cuda.reset_peak_memory_stats(device)
     total_steps = args.warmup + args.steps
     times, last, last_step = [], time.perf_counter(), 0
+    profiler = None
     for step in range(1, total_steps + 1):
+        if args.trace and step == max(args.warmup + 1, total_steps - 2):
+            profiler = torch.profiler.profile(activities=[
+                torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            profiler.start()
         sync()
         start = time.perf_counter()
         loss, lr = train_step(step - 1)
@@ -380,6 +387,9 @@ def main():
                   f"loss {loss_value:.4f}  lr {lr:.3e}{scale}", flush=True)
             record({"kind": "step", "step": step, "loss": loss_value, "lr": lr})
     final_loss = loss.item()
+    if profiler is not None:
+        profiler.stop()
+        profiler.export_chrome_trace(args.trace)
 
     ms = statistics.median(times)
     tokens_per_s = tokens_per_step / (ms / 1e3)

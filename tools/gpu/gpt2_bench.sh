@@ -13,7 +13,7 @@
 #     OUT=<dir> tools/gpu/gpt2_bench.sh
 # Env: OUT (required), MODEL (gpt2), BATCH (16), SEQ (1024), STEPS (50, timed),
 # DATA (a token file for every run; default: random tokens), TRACE (set: lamp's
-# graphed run writes $OUT/lamp_trace.json),
+# graphed run and the Python runs write $OUT/<run>_trace.json, 3 steps each),
 # SKIP (runs to leave out, by name, separated by spaces or commas: lamp,
 # lamp-eager, pytorch-eager, pytorch-compile-default,
 # pytorch-compile-max-autotune-no-cudagraphs), TIMEOUT (seconds for each run;
@@ -82,7 +82,8 @@ for mode in none default max-autotune-no-cudagraphs; do
   # shellcheck disable=SC2086
   run "$name" python3 benchmarks/gpt2.py --model "$MODEL" --batch-size "$BATCH" \
     --seq-len "$SEQ" --precision bf16 --compile "$mode" --device cuda \
-    --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" --metrics "$OUT/$name.jsonl" ${PY_ARGS:-}
+    --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" --metrics "$OUT/$name.jsonl" \
+    ${TRACE:+--trace "$OUT/${name}_trace.json"} ${PY_ARGS:-}
 done
 
 say "summary: $MODEL, batch $BATCH, sequence $SEQ, bf16, median of $STEPS steps"
