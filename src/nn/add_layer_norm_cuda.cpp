@@ -70,8 +70,14 @@ AddNormOutputs cuda_add_norm_forward(
   a.x = x.const_data_ptr<float>();
   if (residual.defined()) {
     out.sum = at::empty_like(x);
-    a.r = residual.const_data_ptr();
-    a.r_format = format_of(residual.scalar_type());
+    // NOTE: the kernels take a residual in fp32 or y's type; another is
+    // widened to fp32 first (exact).
+    const at::Tensor r = residual.scalar_type() == at::kFloat ||
+            residual.scalar_type() == y_dtype
+        ? residual
+        : residual.to(at::kFloat);
+    a.r = r.const_data_ptr();
+    a.r_format = format_of(r.scalar_type());
     a.sum = out.sum.mutable_data_ptr<float>();
   }
   a.weight = weight.const_data_ptr<float>();
@@ -104,8 +110,11 @@ std::vector<at::Tensor> cuda_add_norm_backward(
   auto dx = at::empty_like(sum);
   // NOTE: the residual's gradient equals x's, but is a tensor of its own
   // (autograd may accumulate into either in place).
+  // The kernel writes it in dy's type; another is a cast of dx afterwards.
   at::Tensor dr;
-  if (residual_dtype) {
+  const bool dr_in_kernel =
+      residual_dtype && *residual_dtype == dy.scalar_type();
+  if (dr_in_kernel) {
     dr = at::empty(sum.sizes(), sum.options().dtype(*residual_dtype));
   }
   auto dweight = at::empty_like(weight);
@@ -133,6 +142,9 @@ std::vector<at::Tensor> cuda_add_norm_backward(
   a.partials = partials.mutable_data_ptr<float>();
   C10_CUDA_CHECK(launch_add_norm_backward(
       a, c10::cuda::getCurrentCUDAStream(sum.device().index())));
+  if (residual_dtype && !dr_in_kernel) {
+    dr = dx.to(*residual_dtype);
+  }
   return {dx, dr, dweight, dbias};
 }
 

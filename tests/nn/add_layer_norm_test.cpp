@@ -41,16 +41,20 @@ Grads run(
     bool residual,
     bool bias,
     bool use_sum,
-    bool autocast) {
+    bool autocast,
+    int64_t rows = 3 * 37) {
   torch::manual_seed(11);
-  auto x = torch::randn({3, 37, columns}).to(device).requires_grad_();
-  auto r = (torch::randn({3, 37, columns}) * 0.5)
-               .to(device, residual_dtype)
-               .requires_grad_();
+  // NOTE: 111 rows as [3, 37, C] (a batch of sequences), others as [rows, C].
+  const std::vector<int64_t> shape = rows == 3 * 37
+      ? std::vector<int64_t>{3, 37, columns}
+      : std::vector<int64_t>{rows, columns};
+  auto x = torch::randn(shape).to(device).requires_grad_();
+  auto r =
+      (torch::randn(shape) * 0.5).to(device, residual_dtype).requires_grad_();
   auto w = (torch::rand({columns}) + 0.5).to(device).requires_grad_();
   auto b = torch::randn({columns}).to(device).requires_grad_();
-  auto gy = torch::randn({3, 37, columns}).to(device);
-  auto gs = torch::randn({3, 37, columns}).to(device);
+  auto gy = torch::randn(shape).to(device);
+  auto gs = torch::randn(shape).to(device);
   torch::Tensor sum, y;
   {
     lamp::AutocastGuard guard(device.type(), torch::kBFloat16, autocast);
@@ -87,9 +91,14 @@ std::pair<torch::Tensor, torch::Tensor> lamp_op(
   return lamp::nn::add_layer_norm(x, r, w, b);
 }
 
-void compare_all(torch::Device device, const std::vector<int64_t>& widths) {
+void compare_all(
+    torch::Device device,
+    const std::vector<int64_t>& widths,
+    const std::vector<torch::Dtype>& residual_dtypes =
+        {torch::kFloat, torch::kBFloat16},
+    int64_t rows = 3 * 37) {
   for (const int64_t columns : widths) {
-    for (const auto rdtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const auto rdtype : residual_dtypes) {
       for (const bool residual : {true, false}) {
         for (const bool bias : {true, false}) {
           for (const bool use_sum : {true, false}) {
@@ -107,7 +116,8 @@ void compare_all(torch::Device device, const std::vector<int64_t>& widths) {
                       residual,
                       bias,
                       use_sum,
-                      autocast);
+                      autocast,
+                      rows);
               const auto e =
                   run(aten,
                       columns,
@@ -116,7 +126,8 @@ void compare_all(torch::Device device, const std::vector<int64_t>& widths) {
                       residual,
                       bias,
                       use_sum,
-                      autocast);
+                      autocast,
+                      rows);
               EXPECT_EQ(a.y.scalar_type(), e.y.scalar_type());
               EXPECT_EQ(a.sum.scalar_type(), torch::kFloat);
               const double tol = autocast ? 1e-2 : 2e-5;
@@ -160,6 +171,15 @@ class AddLayerNormGpu : public lamp::test::GpuTest {};
 // Rows of GPT-2's widths (768, 1600), one odd and one small.
 TEST_F(AddLayerNormGpu, KernelsEqualAtensOps) {
   compare_all(torch::kCUDA, {768, 1600, 100, 5});
+}
+
+// A residual in fp16 under bf16 autocast (and so neither fp32 nor y's
+// type), and enough rows for several chunks of the weight's gradient (256
+// rows each, up to 1,024 chunks; past that, longer chunks).
+TEST_F(AddLayerNormGpu, OtherResidualTypesAndManyRows) {
+  compare_all(torch::kCUDA, {768}, {torch::kHalf});
+  compare_all(torch::kCUDA, {768}, {torch::kBFloat16}, 5000);
+  compare_all(torch::kCUDA, {40}, {torch::kFloat}, 300000);
 }
 
 TEST_F(AddLayerNormGpu, DeterministicWeightGradients) {
