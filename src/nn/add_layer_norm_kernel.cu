@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 namespace lamp::nn::detail {
@@ -78,12 +80,44 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// V elements of type T at p (aligned to V of them), as floats; and back.
+// NOTE: V = 4: one 16-byte load of fp32 (8 bytes of bf16) where four
+// 4-byte loads were: fewer instructions a row, more bytes in flight.
+template <int V, typename T>
+struct alignas(V * sizeof(T)) Pack {
+  T v[V];
+};
+
+template <int V, typename T>
+__device__ __forceinline__ void load_pack(const T* p, float* out) {
+  const Pack<V, T> pack = *reinterpret_cast<const Pack<V, T>*>(p);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    out[e] = to_float(pack.v[e]);
+  }
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_pack(T* p, const float* in) {
+  Pack<V, T> pack;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    pack.v[e] = from_float<T>(in[e]);
+  }
+  *reinterpret_cast<Pack<V, T>*>(p) = pack;
+}
+
+// Row kernels: lane `lane` holds packs k = 0, 1, ... of V columns starting
+// at (lane + 32 k) V, kPer / V of them (kPer floats); packs past the row's
+// end hold zeros. V = 4 needs columns % 4 == 0 and aligned rows.
+//
 // NOTE: the element types are template arguments, and each operand is
 // loaded in a loop of its own: all of a row's loads are in flight before
 // the first is used (a switch on the type per element kept one in flight).
-template <int kPer, typename R, typename Y>
+template <int kPer, int V, typename R, typename Y>
 __global__ void __launch_bounds__(kWarps * 32)
     add_norm_forward_kernel(AddNormForward a) {
+  constexpr int kPacks = kPer / V;
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= a.rows) {
@@ -92,17 +126,30 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t base = row * a.columns;
   float v[kPer];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    v[i] = j < a.columns ? a.x[base + j] : 0.f;
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = (lane + 32 * k) * V;
+    if (c < a.columns) {
+      load_pack<V>(a.x + base + c, v + k * V);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        v[k * V + e] = 0.f;
+      }
+    }
   }
   if (a.r != nullptr) {
     const R* r = static_cast<const R*>(a.r) + base;
     float rv[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int j = lane + 32 * i;
-      rv[i] = j < a.columns ? to_float(r[j]) : 0.f;
+    for (int k = 0; k < kPacks; ++k) {
+      const int c = (lane + 32 * k) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        rv[k * V + e] = 0.f;
+      }
+      if (c < a.columns) {
+        load_pack<V>(r + c, rv + k * V);
+      }
     }
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -112,15 +159,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    sum += v[i]; // columns past the row's end hold 0
+    sum += v[i];
   }
   const float mean = warp_sum(sum) / a.columns;
   float var = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    if (lane + 32 * i < a.columns) {
-      const float d = v[i] - mean;
-      var += d * d;
+  for (int k = 0; k < kPacks; ++k) {
+    if ((lane + 32 * k) * V < a.columns) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = v[k * V + e] - mean;
+        var += d * d;
+      }
     }
   }
   // NOTE: two passes over registers (mean, then squares about it): the
@@ -128,17 +178,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float rstd = rsqrtf(warp_sum(var) / a.columns + a.eps);
   Y* y = static_cast<Y*>(a.y) + base;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    if (j < a.columns) {
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = (lane + 32 * k) * V;
+    if (c < a.columns) {
       if (a.sum != nullptr) {
-        a.sum[base + j] = v[i];
+        store_pack<V>(a.sum + base + c, v + k * V);
       }
-      float out = (v[i] - mean) * rstd * a.weight[j];
+      float w[V], b[V], out[V];
+      load_pack<V>(a.weight + c, w);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        b[e] = 0.f;
+      }
       if (a.bias != nullptr) {
-        out += a.bias[j];
+        load_pack<V>(a.bias + c, b);
       }
-      y[j] = from_float<Y>(out);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out[e] = (v[k * V + e] - mean) * rstd * w[e] + b[e];
+      }
+      store_pack<V>(y + c, out);
     }
   }
   if (lane == 0) {
@@ -149,9 +208,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // The input gradient, a warp a row; the residual's gradient (the same
 // values) in the residual's type when dr is set (then DY's type).
-template <int kPer, typename DY>
+template <int kPer, int V, typename DY>
 __global__ void __launch_bounds__(kWarps * 32)
     add_norm_dx_kernel(AddNormBackward a) {
+  constexpr int kPacks = kPer / V;
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= a.rows) {
@@ -162,22 +222,42 @@ __global__ void __launch_bounds__(kWarps * 32)
   float xhat[kPer], g[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    xhat[i] = j < a.columns ? a.sum[base + j] : 0.f;
+    xhat[i] = 0.f;
+    g[i] = 0.f;
   }
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    g[i] = j < a.columns ? to_float(dy[j]) * a.weight[j] : 0.f;
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = (lane + 32 * k) * V;
+    if (c < a.columns) {
+      load_pack<V>(a.sum + base + c, xhat + k * V);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = (lane + 32 * k) * V;
+    if (c < a.columns) {
+      float w[V];
+      load_pack<V>(dy + c, g + k * V);
+      load_pack<V>(a.weight + c, w);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        g[k * V + e] *= w[e];
+      }
+    }
   }
   const float mean = a.mean[row];
   const float rstd = a.rstd[row];
   float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    xhat[i] = lane + 32 * i < a.columns ? (xhat[i] - mean) * rstd : 0.f;
-    sum_g += g[i];
-    sum_gx += g[i] * xhat[i];
+  for (int k = 0; k < kPacks; ++k) {
+    const bool inside = (lane + 32 * k) * V < a.columns;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int i = k * V + e;
+      xhat[i] = inside ? (xhat[i] - mean) * rstd : 0.f;
+      sum_g += g[i];
+      sum_gx += g[i] * xhat[i];
+    }
   }
   sum_g = warp_sum(sum_g);
   sum_gx = warp_sum(sum_gx);
@@ -188,61 +268,94 @@ __global__ void __launch_bounds__(kWarps * 32)
     d[i] = rstd * (g[i] - (sum_g + xhat[i] * sum_gx) * inv_columns);
   }
   if (a.dsum != nullptr) {
+    float ds[kPer];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int c = (lane + 32 * k) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        ds[k * V + e] = 0.f;
+      }
+      if (c < a.columns) {
+        load_pack<V>(a.dsum + base + c, ds + k * V);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int j = lane + 32 * i;
-      if (j < a.columns) {
-        d[i] += a.dsum[base + j];
-      }
+      d[i] += ds[i];
     }
   }
   DY* dr = a.dr != nullptr ? static_cast<DY*>(a.dr) + base : nullptr;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    if (j < a.columns) {
-      a.dx[base + j] = d[i];
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = (lane + 32 * k) * V;
+    if (c < a.columns) {
+      store_pack<V>(a.dx + base + c, d + k * V);
       if (dr != nullptr) {
-        dr[j] = from_float<DY>(d[i]);
+        store_pack<V>(dr + c, d + k * V);
       }
     }
   }
 }
 
 // The weight's and bias's gradients (sums over rows of dy * xhat and of
-// dy): block (x, c) sums 32 columns over chunk c's rows, kColumnRows
-// threads down each column, and writes the chunk's sums to
-// partials[c][0, C) (weight) and [C, 2C) (bias), the threads' sums added in
-// thread order (deterministic).
-template <typename DY>
+// dy): block (x, c) sums 32 V columns over chunk c's rows, V adjacent
+// columns a thread and kColumnRows threads down each, and writes the
+// chunk's sums to partials[c][0, C) (weight) and [C, 2C) (bias), the
+// threads' sums added in thread order (deterministic).
+template <int V, typename DY>
 __global__ void __launch_bounds__(32 * kColumnRows)
     add_norm_dweight_kernel(AddNormBackward a, int64_t chunk_rows) {
-  __shared__ float sums[2][kColumnRows][33];
-  const int j = blockIdx.x * 32 + threadIdx.x;
+  __shared__ float sums[2][kColumnRows][32 * V + 1];
+  const int j = (blockIdx.x * 32 + threadIdx.x) * V;
   const int64_t begin = int64_t{blockIdx.y} * chunk_rows;
   const int64_t end = begin + chunk_rows < a.rows ? begin + chunk_rows : a.rows;
   const DY* dy = static_cast<const DY*>(a.dy);
-  float dw = 0.f, db = 0.f;
+  float dw[V], db[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    dw[e] = 0.f;
+    db[e] = 0.f;
+  }
   if (j < a.columns) {
 #pragma unroll 4
     for (int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
       const int64_t i = r * a.columns + j;
-      const float g = to_float(dy[i]);
-      dw += g * ((a.sum[i] - a.mean[r]) * a.rstd[r]);
-      db += g;
+      float g[V], s[V];
+      load_pack<V>(dy + i, g);
+      load_pack<V>(a.sum + i, s);
+      const float mean = a.mean[r];
+      const float rstd = a.rstd[r];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        dw[e] += g[e] * ((s[e] - mean) * rstd);
+        db[e] += g[e];
+      }
     }
   }
-  sums[0][threadIdx.y][threadIdx.x] = dw;
-  sums[1][threadIdx.y][threadIdx.x] = db;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    sums[0][threadIdx.y][threadIdx.x * V + e] = dw[e];
+    sums[1][threadIdx.y][threadIdx.x * V + e] = db[e];
+  }
   __syncthreads();
-  if (threadIdx.y < 2 && j < a.columns) {
-    float total = 0.f;
-    for (int k = 0; k < kColumnRows; ++k) {
-      total += sums[threadIdx.y][k][threadIdx.x];
+  // Thread (x, y) of the first two rows of threads: column j0 + x + 32 i
+  // of sums[y].
+  if (threadIdx.y < 2) {
+    const int j0 = blockIdx.x * 32 * V;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int local = threadIdx.x + 32 * e;
+      if (j0 + local < a.columns) {
+        float total = 0.f;
+        for (int k = 0; k < kColumnRows; ++k) {
+          total += sums[threadIdx.y][k][local];
+        }
+        a.partials
+            [int64_t{blockIdx.y} * 2 * a.columns + threadIdx.y * a.columns +
+             j0 + local] = total;
+      }
     }
-    a.partials
-        [int64_t{blockIdx.y} * 2 * a.columns + threadIdx.y * a.columns + j] =
-        total;
   }
 }
 
@@ -305,6 +418,16 @@ cudaError_t with_per_lane(int columns, const F& f) {
   return f(std::integral_constant<int, 64>{});
 }
 
+// Whether every pointer (null ones aside) is 16-byte aligned.
+bool aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 } // namespace
 
 int64_t add_norm_backward_partials(int64_t rows, int columns) {
@@ -326,15 +449,23 @@ cudaError_t launch_add_norm_forward(
   // NOTE: the residual is fp32 or y's type (the caller casts others to
   // fp32): five pairs of types instead of nine.
   const bool r_float = a.r == nullptr || a.r_format == NormFormat::kFloat;
+  const bool vec =
+      a.columns % 4 == 0 && aligned({a.x, a.r, a.weight, a.bias, a.sum, a.y});
   return with_type(a.y_format, [&](auto y) {
     using Y = typename decltype(y)::type;
     return with_per_lane(a.columns, [&](auto per) {
       constexpr int kPer = decltype(per)::value;
-      if (r_float) {
-        add_norm_forward_kernel<kPer, float, Y>
+      if (vec && r_float) {
+        add_norm_forward_kernel<kPer, 4, float, Y>
+            <<<blocks, kWarps * 32, 0, stream>>>(a);
+      } else if (vec) {
+        add_norm_forward_kernel<kPer, 4, Y, Y>
+            <<<blocks, kWarps * 32, 0, stream>>>(a);
+      } else if (r_float) {
+        add_norm_forward_kernel<kPer, 1, float, Y>
             <<<blocks, kWarps * 32, 0, stream>>>(a);
       } else {
-        add_norm_forward_kernel<kPer, Y, Y>
+        add_norm_forward_kernel<kPer, 1, Y, Y>
             <<<blocks, kWarps * 32, 0, stream>>>(a);
       }
       return cudaGetLastError();
@@ -354,21 +485,35 @@ cudaError_t launch_add_norm_backward(
   }
   const auto row_blocks = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
   const int64_t per = chunk_rows(a.rows);
+  const bool vec = a.columns % 4 == 0 &&
+      aligned({a.sum, a.weight, a.dy, a.dsum, a.dx, a.dr});
+  const int v = vec ? 4 : 1;
   const dim3 column_blocks(
-      static_cast<unsigned>((a.columns + 31) / 32),
+      static_cast<unsigned>((a.columns + 32 * v - 1) / (32 * v)),
       static_cast<unsigned>(chunks(a.rows)));
   const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
     using DY = typename decltype(dy)::type;
     const cudaError_t e = with_per_lane(a.columns, [&](auto p) {
-      add_norm_dx_kernel<decltype(p)::value, DY>
-          <<<row_blocks, kWarps * 32, 0, stream>>>(a);
+      constexpr int kPer = decltype(p)::value;
+      if (vec) {
+        add_norm_dx_kernel<kPer, 4, DY>
+            <<<row_blocks, kWarps * 32, 0, stream>>>(a);
+      } else {
+        add_norm_dx_kernel<kPer, 1, DY>
+            <<<row_blocks, kWarps * 32, 0, stream>>>(a);
+      }
       return cudaGetLastError();
     });
     if (e != cudaSuccess) {
       return e;
     }
-    add_norm_dweight_kernel<DY>
-        <<<column_blocks, dim3(32, kColumnRows), 0, stream>>>(a, per);
+    if (vec) {
+      add_norm_dweight_kernel<4, DY>
+          <<<column_blocks, dim3(32, kColumnRows), 0, stream>>>(a, per);
+    } else {
+      add_norm_dweight_kernel<1, DY>
+          <<<column_blocks, dim3(32, kColumnRows), 0, stream>>>(a, per);
+    }
     return cudaGetLastError();
   });
   if (error != cudaSuccess) {

@@ -11,8 +11,9 @@
 namespace lamp::nn::detail {
 namespace {
 
-// Per block and channel: the sum of the block's rows and of their squares.
-template <typename T>
+// Per block and channel: the sum of the block's rows and, with kSums = 2,
+// of their squares.
+template <typename T, int kSums>
 __global__ void __launch_bounds__(kReduceThreads)
     partial_sums_kernel(ChannelSumsArgs a, ReduceLayout l) {
   const int64_t vectors = a.channels / kReduceVector;
@@ -20,7 +21,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   const int row0 = threadIdx.x / l.lanes;
   const int64_t vec = static_cast<int64_t>(blockIdx.y) * l.lanes + lane;
   const bool active = row0 < l.rows_per_pass && vec < vectors;
-  float sums[2][kReduceVector] = {};
+  float sums[kSums][kReduceVector] = {};
   if (active) {
     for (int64_t r = static_cast<int64_t>(blockIdx.x) * l.rows_per_pass + row0;
          r < a.rows;
@@ -33,35 +34,48 @@ __global__ void __launch_bounds__(kReduceThreads)
       for (int k = 0; k < kReduceVector; ++k) {
         const float f = to_float(v[k]);
         sums[0][k] += f;
-        sums[1][k] += f * f;
+        if constexpr (kSums == 2) {
+          sums[kSums - 1][k] += f * f;
+        }
       }
     }
   }
-  block_partials<2>(sums, l, active, lane, row0, vec, a.channels, a.partials);
+  block_partials<kSums>(
+      sums, l, active, lane, row0, vec, a.channels, a.partials);
 }
 
 // Per channel: the blocks' partials, added in block order.
+template <int kSums>
 __global__ void __launch_bounds__(kFoldChannels* kFoldSlices)
     fold_kernel(ChannelSumsArgs a, int64_t blocks) {
-  float total[2];
-  const int64_t c = fold_partials<2>(a.partials, a.channels, blocks, total);
+  float total[kSums];
+  const int64_t c = fold_partials<kSums>(a.partials, a.channels, blocks, total);
   if (c < 0) {
     return;
   }
   a.sum[c] = total[0];
-  a.sum_of_squares[c] = total[1];
+  if constexpr (kSums == 2) {
+    a.sum_of_squares[c] = total[kSums - 1];
+  }
 }
 
-template <typename T>
+template <typename T, int kSums>
 cudaError_t launch_typed(const ChannelSumsArgs& a, cudaStream_t stream) {
   const ReduceLayout l = reduce_layout(a.rows, a.channels);
-  partial_sums_kernel<T>
+  partial_sums_kernel<T, kSums>
       <<<dim3(static_cast<unsigned>(l.blocks), static_cast<unsigned>(l.chunks)),
          kReduceThreads,
          0,
          stream>>>(a, l);
-  fold_kernel<<<fold_grid(a.channels), fold_block(), 0, stream>>>(a, l.blocks);
+  fold_kernel<kSums>
+      <<<fold_grid(a.channels), fold_block(), 0, stream>>>(a, l.blocks);
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_typed(const ChannelSumsArgs& a, cudaStream_t stream) {
+  return a.sum_of_squares != nullptr ? launch_typed<T, 2>(a, stream)
+                                     : launch_typed<T, 1>(a, stream);
 }
 
 } // namespace
@@ -80,7 +94,7 @@ cudaError_t launch_channel_sums(
     // Nothing to read: the sums are 0.
     const size_t bytes = static_cast<size_t>(args.channels) * sizeof(float);
     cudaError_t e = cudaMemsetAsync(args.sum, 0, bytes, stream);
-    return e != cudaSuccess
+    return e != cudaSuccess || args.sum_of_squares == nullptr
         ? e
         : cudaMemsetAsync(args.sum_of_squares, 0, bytes, stream);
   }

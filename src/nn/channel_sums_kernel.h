@@ -3,9 +3,10 @@
 // Internal: per-channel sums of an NHWC fp16/bf16 activation, what cuDNN's
 // genstats gives conv2d_stats in the convolution's epilogue, for the
 // composite path where cuDNN has no such plan (bf16 on an H200 with cuDNN
-// 9.19): one read of the tensor, float32, summed in a fixed order
+// 9.19); without the squares, the column sums that are a linear layer's
+// bias gradient. One read of the tensor, float32, summed in a fixed order
 // (deterministic, no atomics). Plain CUDA, no LibTorch types (conv_stats.cpp
-// is the caller).
+// and linear_cuda.cpp are the callers).
 
 #include <cuda_runtime_api.h>
 
@@ -24,7 +25,7 @@ struct ChannelSumsArgs {
   const void* x = nullptr;
   float* partials = nullptr; // channel_sums_partial_floats(rows, channels)
   float* sum = nullptr; // [channels]
-  float* sum_of_squares = nullptr; // [channels]
+  float* sum_of_squares = nullptr; // [channels], or null: the sums only
 };
 
 // The scratch floats launch_channel_sums needs for this shape.

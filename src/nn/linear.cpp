@@ -1,5 +1,7 @@
 #include <lamp/nn/linear.h>
 
+#include <lamp/config.h>
+
 #include <ATen/ops/linear.h>
 #include <torch/nn/init.h>
 #include <torch/utils.h>
@@ -7,6 +9,9 @@
 #include <cmath>
 
 #include "fp8_linear.h"
+#if LAMP_WITH_CUDA
+#include "linear_cuda.h"
+#endif
 
 namespace lamp::nn {
 
@@ -17,6 +22,12 @@ torch::Tensor linear(
   if (detail::fp8_applies(input, weight)) {
     return detail::fp8_linear(input, weight, bias); // lamp/fp8.h
   }
+#if LAMP_WITH_CUDA
+  if (detail::linear_cuda_applies(input, weight, bias)) {
+    // at::linear with a faster bias gradient (linear_cuda.cpp).
+    return detail::linear_cuda(input, weight, bias);
+  }
+#endif
   // NOTE: ATen's op, not torch::nn::functional::linear's matmul + add (see
   // the header): the autograd and autocast kernels are Python's.
   return at::linear(input, weight, bias);

@@ -42,13 +42,23 @@ Grads run(
     bool bias,
     bool use_sum,
     bool autocast,
-    int64_t rows = 3 * 37) {
+    int64_t rows = 3 * 37,
+    bool misaligned = false) {
   torch::manual_seed(11);
   // NOTE: 111 rows as [3, 37, C] (a batch of sequences), others as [rows, C].
   const std::vector<int64_t> shape = rows == 3 * 37
       ? std::vector<int64_t>{3, 37, columns}
       : std::vector<int64_t>{rows, columns};
   auto x = torch::randn(shape).to(device).requires_grad_();
+  if (misaligned) {
+    // The same values one float into a buffer: not 16-byte aligned.
+    auto buffer = torch::empty({x.numel() + 1}, x.options());
+    x = buffer.narrow(0, 1, x.numel())
+            .view(shape)
+            .copy_(x.detach())
+            .detach()
+            .requires_grad_();
+  }
   auto r =
       (torch::randn(shape) * 0.5).to(device, residual_dtype).requires_grad_();
   auto w = (torch::rand({columns}) + 0.5).to(device).requires_grad_();
@@ -96,7 +106,8 @@ void compare_all(
     const std::vector<int64_t>& widths,
     const std::vector<torch::Dtype>& residual_dtypes =
         {torch::kFloat, torch::kBFloat16},
-    int64_t rows = 3 * 37) {
+    int64_t rows = 3 * 37,
+    bool misaligned = false) {
   for (const int64_t columns : widths) {
     for (const auto rdtype : residual_dtypes) {
       for (const bool residual : {true, false}) {
@@ -117,7 +128,8 @@ void compare_all(
                       bias,
                       use_sum,
                       autocast,
-                      rows);
+                      rows,
+                      misaligned);
               const auto e =
                   run(aten,
                       columns,
@@ -127,7 +139,8 @@ void compare_all(
                       bias,
                       use_sum,
                       autocast,
-                      rows);
+                      rows,
+                      misaligned);
               EXPECT_EQ(a.y.scalar_type(), e.y.scalar_type());
               EXPECT_EQ(a.sum.scalar_type(), torch::kFloat);
               const double tol = autocast ? 1e-2 : 2e-5;
@@ -174,12 +187,15 @@ TEST_F(AddLayerNormGpu, KernelsEqualAtensOps) {
 }
 
 // A residual in fp16 under bf16 autocast (and so neither fp32 nor y's
-// type), and enough rows for several chunks of the weight's gradient (256
-// rows each, up to 1,024 chunks; past that, longer chunks).
-TEST_F(AddLayerNormGpu, OtherResidualTypesAndManyRows) {
+// type); enough rows for several chunks of the weight's gradient (256 rows
+// each, up to 1,024 chunks; past that, longer chunks); an input that is
+// not 16-byte aligned (the kernels' one-element loads, not their 16-byte
+// ones).
+TEST_F(AddLayerNormGpu, OtherResidualTypesManyRowsAndMisalignedInput) {
   compare_all(torch::kCUDA, {768}, {torch::kHalf});
   compare_all(torch::kCUDA, {768}, {torch::kBFloat16}, 5000);
-  compare_all(torch::kCUDA, {40}, {torch::kFloat}, 300000);
+  compare_all(torch::kCUDA, {8}, {torch::kFloat}, 270000);
+  compare_all(torch::kCUDA, {768, 100}, {torch::kBFloat16}, 3 * 37, true);
 }
 
 TEST_F(AddLayerNormGpu, DeterministicWeightGradients) {

@@ -147,6 +147,115 @@ TEST(Linear, ModuleHasLibTorchsNamesShapesAndInitialisation) {
   EXPECT_FALSE(copy->weight.is_same(ours->weight));
 }
 
+class LinearGpu : public lamp::test::GpuTest {};
+
+struct Run {
+  torch::Tensor y, dx, dw, db;
+};
+
+// f(x, w, b) with a gradient for every operand, on the GPU.
+template <typename F>
+Run run_gpu(
+    const F& f,
+    std::vector<int64_t> shape,
+    int64_t out,
+    torch::Dtype dtype,
+    bool autocast) {
+  torch::manual_seed(3);
+  const auto cuda = torch::kCUDA;
+  const auto param_dtype = autocast ? torch::kFloat : dtype;
+  auto x = torch::randn(shape).to(cuda, param_dtype).requires_grad_();
+  auto w = torch::randn({out, shape.back()}).to(cuda, param_dtype);
+  auto b = torch::randn({out}).to(cuda, param_dtype);
+  w.requires_grad_();
+  b.requires_grad_();
+  shape.back() = out;
+  const auto g = torch::randn(shape).to(cuda);
+  torch::Tensor y;
+  {
+    lamp::AutocastGuard guard(torch::kCUDA, dtype, autocast);
+    y = f(x, w, b);
+  }
+  y.backward(g.to(y.scalar_type()));
+  return {y.detach(), x.grad(), w.grad(), b.grad()};
+}
+
+// On CUDA the bias's gradient is lamp's column sum (linear_cuda.cpp):
+// forward, input and weight gradients still ATen's bit for bit, the bias's
+// the fp32 column sum rounded once (within one rounding of the type), the
+// same every run.
+TEST_F(LinearGpu, AtensOpsWithLampsBiasGradient) {
+  auto lamp_op = [](const auto& x, const auto& w, const auto& b) {
+    return lamp::nn::linear(x, w, b);
+  };
+  auto aten_op = [](const auto& x, const auto& w, const auto& b) {
+    return at::linear(x, w, b);
+  };
+  struct Case {
+    std::vector<int64_t> shape;
+    int64_t out;
+    torch::Dtype dtype;
+    bool autocast;
+  };
+  const std::vector<Case> cases = {
+      {{4, 64, 96}, 256, torch::kBFloat16, true}, // GPT-like
+      {{4, 64, 96}, 256, torch::kHalf, true},
+      {{300, 40}, 24, torch::kBFloat16, false}, // rank 2
+      {{2, 3, 50, 40}, 24, torch::kHalf, false}, // rank 4
+      {{4, 64, 96}, 20, torch::kBFloat16, true}, // columns % 8 != 0: ATen
+      {{4, 64, 96}, 256, torch::kFloat, false}, // fp32: ATen
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(
+        std::to_string(c.shape.size()) + "-D, out " + std::to_string(c.out) +
+        ", " + c10::toString(c.dtype) + (c.autocast ? " autocast" : ""));
+    const auto a = run_gpu(lamp_op, c.shape, c.out, c.dtype, c.autocast);
+    const auto e = run_gpu(aten_op, c.shape, c.out, c.dtype, c.autocast);
+    EXPECT_TRUE(torch::equal(a.y, e.y));
+    EXPECT_TRUE(torch::equal(a.dx, e.dx));
+    EXPECT_TRUE(torch::equal(a.dw, e.dw));
+    EXPECT_EQ(a.db.scalar_type(), e.db.scalar_type());
+    // Both are the exact sum rounded once, give or take fp32 rounding:
+    // within 2 units in the last place of the gradient's type.
+    const auto g_dtype = a.y.scalar_type();
+    const double ulp = g_dtype == torch::kBFloat16 ? 1.0 / 128
+        : g_dtype == torch::kHalf                  ? 1.0 / 1024
+                                                   : 1e-6;
+    const auto diff = (a.db.to(torch::kDouble) - e.db.to(torch::kDouble)).abs();
+    EXPECT_TRUE(diff.le(e.db.to(torch::kDouble).abs().clamp_min(1) * 2 * ulp)
+                    .all()
+                    .item<bool>())
+        << "largest difference " << diff.max().item<double>();
+    const auto again = run_gpu(lamp_op, c.shape, c.out, c.dtype, c.autocast);
+    EXPECT_TRUE(torch::equal(again.db, a.db));
+  }
+}
+
+// What ATen's linear allows, lamp's does: an in-place op on the output,
+// and a second derivative (a gradient penalty).
+TEST_F(LinearGpu, InPlaceOutputAndDoubleBackward) {
+  torch::manual_seed(4);
+  auto x = torch::randn({8, 16}, torch::kCUDA).requires_grad_();
+  auto w = torch::randn({32, 16}, torch::kCUDA).requires_grad_();
+  auto b = torch::randn({32}, torch::kCUDA).requires_grad_();
+  auto penalty = [&](bool ours) {
+    auto y = ours ? lamp::nn::linear(x, w, b) : at::linear(x, w, b);
+    y.relu_();
+    const auto gx = torch::autograd::grad(
+        {y.square().sum()},
+        {x},
+        {},
+        /*retain_graph=*/true,
+        /*create_graph=*/true)[0];
+    const auto gw = torch::autograd::grad({gx.square().sum()}, {w, b});
+    return std::make_pair(gw[0], gw[1]);
+  };
+  const auto [ours_w, ours_b] = penalty(true);
+  const auto [theirs_w, theirs_b] = penalty(false);
+  EXPECT_TRUE(torch::allclose(ours_w, theirs_w, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(ours_b, theirs_b, 1e-5, 1e-5));
+}
+
 } // namespace
 
 } // namespace linear_test

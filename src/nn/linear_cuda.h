@@ -1,0 +1,26 @@
+#pragma once
+
+// Internal: lamp::nn::linear on CUDA when the bias needs a gradient: ATen's
+// linear forward, ATen's GEMMs for the input's and weight's gradients, and
+// lamp's column sums for the bias's (Note [The bias gradient of a linear
+// layer] in linear_cuda.cpp).
+
+#include <ATen/core/Tensor.h>
+
+namespace lamp::nn::detail {
+
+/// Whether linear_cuda takes these: a CUDA input of rank 2 or more,
+/// contiguous (ATen's one-GEMM case), a bias that requires grad, grad mode
+/// on. Otherwise at::linear is the whole story.
+bool linear_cuda_applies(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& bias);
+
+/// at::linear(input, weight, bias), autocast as at::linear's.
+at::Tensor linear_cuda(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& bias);
+
+} // namespace lamp::nn::detail
