@@ -22,8 +22,9 @@ struct LAMP_API LinearCrossEntropyOptions {
   /// losses. Default: `torch::kMean`.
   TORCH_ARG(torch::nn::CrossEntropyLossOptions::reduction_t, reduction) =
       torch::kMean;
-  /// Rows of logits computed at a time; 0 picks as many as fit in 256 MiB
-  /// (2,668 rows of GPT-2's 50,304 classes in bf16). Default: 0.
+  /// Rows of logits computed at a time; 0 picks as few equal chunks as
+  /// keep each within 1 GiB (GPT-2 at batch 16 x 1,024: two chunks of
+  /// 8,192 rows of 50,304 classes in bf16, 824 MB each). Default: 0.
   TORCH_ARG(int64_t, chunk_size) = 0;
 };
 
@@ -40,7 +41,7 @@ struct LAMP_API LinearCrossEntropyOptions {
 /// Why: GPT-2's logits at batch 16 x 1,024 are 16,384 x 50,304: 1.6 GB in
 /// bf16 and 3.3 GB once cross-entropy upcasts them to fp32, as Python does
 /// under autocast; its log-softmax, gradient and casts are half a dozen
-/// passes over them. Chunked, 256 MiB exist at a time.
+/// passes over them. Chunked, at most 1 GiB exists at a time.
 ///
 /// `input` is (..., C), `weight` (V, C), `target` (...) of int64 class
 /// indices in [0, V) or `ignore_index`. Under `AutocastGuard` the GEMMs run
