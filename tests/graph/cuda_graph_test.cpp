@@ -181,6 +181,36 @@ TEST_F(GraphedStepGpu, ReplaysWithoutTouchingTheHost) {
       c10::cuda::SyncDebugMode::L_DISABLED);
 }
 
+// The warm-up steps' freed activations do not stay cached beside the
+// graph's pool: a step with a 512 MiB temporary reserves it once, not twice.
+TEST_F(GraphedStepGpu, CaptureGivesTheWarmUpStepsCachedMemoryBack) {
+  Trainer t(false);
+  const auto data = batches(false, 3);
+  constexpr int64_t kBig = int64_t{512} << 20;
+  auto reserved = [] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(
+               c10::cuda::current_device())
+        .reserved_bytes[0]
+        .current;
+  };
+  lamp::GraphedStep step(
+      [&](const std::vector<torch::Tensor>& in) {
+        const auto big = torch::ones({kBig / 4}, in[0].options());
+        return t.step(in) + big[0] * 0;
+      },
+      data[0],
+      {t.optimizer.get()},
+      lamp::GraphedStepOptions().warmup_steps(1));
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const int64_t before = reserved();
+  step(data[0]); // warm-up: the temporary is freed, its block cached
+  torch::cuda::synchronize();
+  EXPECT_GE(reserved() - before, kBig);
+  step(data[1]); // capture: the graph's pool holds the temporary
+  torch::cuda::synchronize();
+  EXPECT_LT(reserved() - before, kBig + kBig / 2);
+}
+
 TEST_F(GraphedStepGpu, HostSyncInTheStepIsAClearError) {
   Trainer t(false);
   const auto data = batches(false, 3);
