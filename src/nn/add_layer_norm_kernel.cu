@@ -1,5 +1,7 @@
 #include "add_layer_norm_kernel.h"
 
+#include "cuda_dtype.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -26,36 +28,6 @@ template <typename T>
 struct Type {
   using type = T;
 };
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Calls fn(Type<T>{}) for the element type of `f`.
 template <typename F>
