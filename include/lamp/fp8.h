@@ -12,6 +12,10 @@
 
 #include <lamp/export.h>
 
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
 namespace lamp {
 
 /// How an FP8 tensor's scale is chosen.
@@ -20,12 +24,38 @@ enum class Fp8Scaling {
   /// amax(tensor), as torchao's tensorwise recipe (no state, no host sync;
   /// one more read of the tensor).
   kCurrent,
+  /// From the amaxes of earlier steps, as Transformer Engine's
+  /// `DelayedScaling`: each lamp::nn::Linear keeps, for its input, weight
+  /// and output gradient, a history of the last `amax_history_len` amaxes
+  /// and a scale, in buffers (`fp8_amax_history` [3, len], `fp8_scale`
+  /// [3]; state dicts and checkpoints carry them). A cast uses the scale as
+  /// it is and records the tensor's amax; each forward call first updates
+  /// the scales from the histories (Fp8Recipe's `amax_compute` and
+  /// `margin`) and rolls them. All of it on the device, capturable by
+  /// GraphedStep. The functional lamp::nn::linear has no buffers: it scales
+  /// as kCurrent.
+  kDelayed,
+};
+
+/// Which amax of a history the delayed scale follows.
+enum class Fp8AmaxCompute {
+  /// The largest in the history (Transformer Engine's "max").
+  kMax,
+  /// The newest (Transformer Engine's "most_recent").
+  kMostRecent,
 };
 
 /// Options of an FP8 scope.
 struct LAMP_API Fp8Recipe {
   /// Default Fp8Scaling::kCurrent.
   TORCH_ARG(Fp8Scaling, scaling) = Fp8Scaling::kCurrent;
+  /// kDelayed: amaxes kept per tensor (the newest included). Default 1024,
+  /// Transformer Engine's.
+  TORCH_ARG(int64_t, amax_history_len) = 1024;
+  /// kDelayed: scale = fp8 max / amax / 2^margin. Default 0.
+  TORCH_ARG(int64_t, margin) = 0;
+  /// kDelayed: default Fp8AmaxCompute::kMax.
+  TORCH_ARG(Fp8AmaxCompute, amax_compute) = Fp8AmaxCompute::kMax;
 };
 
 /// Within its scope (this thread, until destroyed), lamp's Linear layers
@@ -38,11 +68,18 @@ struct LAMP_API Fp8Recipe {
 /// - Shapes: on a GPU both the input's features and the output's must be
 ///   multiples of 16 (cuBLASLt's FP8 GEMMs); other layers, and inputs that
 ///   are not floating point, run as without the scope.
-/// - Overflow: a finite tensor never overflows e4m3/e5m2, since its scale
-///   comes from its own amax (values are saturated at the format's maximum
-///   before the cast). A tensor with an inf or NaN gets a zero scale and
-///   makes the GEMM's output non-finite, so GradScaler (fp16) sees it and
-///   skips the step as it would without FP8. bf16 needs no loss scaling.
+/// - Overflow: under kCurrent a finite tensor never overflows e4m3/e5m2,
+///   since its scale comes from its own amax. Under kDelayed the scale
+///   comes from earlier steps, and finite values beyond the format's range
+///   saturate at its maximum (as Transformer Engine's casts do); the
+///   tensor's amax, recorded, lowers the next step's scale. Either way an
+///   inf or NaN is not saturated away: it makes the GEMM's output
+///   non-finite, so GradScaler (fp16) sees it and skips the step as it
+///   would without FP8, and a delayed scale ignores a non-finite amax (it
+///   keeps its value). bf16 needs no loss scaling.
+/// - Activation checkpointing (lamp::checkpoint): the recompute runs in the
+///   FP8 scope the forward call had, and does not update delayed scales
+///   again.
 /// - Not copyable; state is thread-local: the scope of the thread that runs
 ///   the forward pass decides (backward follows it).
 ///
@@ -65,10 +102,21 @@ class LAMP_API Fp8AutocastGuard {
   static bool is_enabled();
   /// The recipe of the innermost scope (default options outside one).
   static Fp8Recipe recipe();
+  /// Checks a recipe: a c10::ValueError naming the option when
+  /// amax_history_len < 1 or margin < 0. The constructor calls it.
+  static void check(const Fp8Recipe& recipe);
 
  private:
   bool prev_enabled_;
   Fp8Recipe prev_recipe_;
 };
+
+/// Registers the delayed-scaling buffers (`fp8_amax_history`, `fp8_scale`)
+/// of every lamp::nn::Linear in `model` that lacks them, as their first
+/// forward call in a kDelayed scope would: call it before loading a
+/// checkpoint of a model trained with delayed FP8 scaling (the load is
+/// strict: without the buffers their keys are unexpected). Nothing for
+/// kCurrent.
+LAMP_API void init_fp8_state(torch::nn::Module& model, const Fp8Recipe& recipe);
 
 } // namespace lamp

@@ -1,6 +1,7 @@
 #include <lamp/activation_checkpoint.h>
 
 #include <lamp/autocast.h>
+#include <lamp/fp8.h>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/ivalue.h>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../nn/fp8_scope.h"
 #include "rng_state.h"
 
 namespace lamp {
@@ -46,6 +48,9 @@ struct CheckpointState : torch::CustomClassHolder {
   std::optional<autograd::RngState> rng;
   AutocastState cuda_autocast{}, cpu_autocast{};
   bool autocast_cache = true;
+  // The FP8 scope (lamp/fp8.h) of the forward call.
+  bool fp8 = false;
+  Fp8Recipe fp8_recipe;
 
   // The caller's input list from the defined inputs.
   std::vector<torch::Tensor> full(const variable_list& inputs) const {
@@ -84,6 +89,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     state->cuda_autocast = AutocastState::of(c10::kCUDA);
     state->cpu_autocast = AutocastState::of(c10::kCPU);
     state->autocast_cache = at::autocast::is_autocast_cache_enabled();
+    state->fp8 = Fp8AutocastGuard::is_enabled();
+    state->fp8_recipe = Fp8AutocastGuard::recipe();
     ctx->save_for_backward(inputs);
     auto outputs = state->fn(state->full(inputs));
     for (const auto& y : outputs) {
@@ -116,8 +123,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
 
     variable_list outputs;
     {
-      // The forward call's random numbers and autocast state, for this
-      // recompute only (the generators move on from where they were).
+      // The forward call's random numbers, autocast state and FP8 scope,
+      // for this recompute only (the generators move on from where they were).
       std::optional<autograd::RngState> after;
       if (state->rng) {
         after = state->rng->swap_in();
@@ -133,8 +140,20 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
             state->cpu_autocast.dtype,
             state->cpu_autocast.enabled,
             state->autocast_cache);
-        torch::AutoGradMode grad(true);
-        outputs = state->fn(state->full(inputs));
+        Fp8AutocastGuard fp8(state->fp8_recipe, state->fp8);
+        // NOTE: delayed FP8 scales were updated by the forward call; the
+        // recompute uses them as they are (fp8_linear.cpp).
+        bool& recomputing = nn::detail::fp8_recomputing();
+        const bool was_recomputing = recomputing;
+        recomputing = true;
+        try {
+          torch::AutoGradMode grad(true);
+          outputs = state->fn(state->full(inputs));
+        } catch (...) {
+          recomputing = was_recomputing;
+          throw;
+        }
+        recomputing = was_recomputing;
       } catch (...) {
         if (after) {
           after->restore();

@@ -6,6 +6,7 @@
 
 #include <set>
 #include <sstream>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -110,12 +111,21 @@ void check_module_state_dict(
         entry.key().isString(),
         "a key of the model's state is not a string: ",
         entry.key());
+    const auto& key = entry.key().toStringRef();
+    auto ends_with = [&key](const std::string& suffix) {
+      return key.size() >= suffix.size() &&
+          key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const bool fp8 = ends_with("fp8_amax_history") || ends_with("fp8_scale");
     TORCH_CHECK(
-        expected.count(entry.key().toStringRef()) == 1,
+        expected.count(key) == 1,
         "unexpected key '",
-        entry.key().toStringRef(),
-        "' (the checkpoint has it, the model does not: another model's "
-        "checkpoint?)");
+        key,
+        "' (the checkpoint has it, the model does not: ",
+        fp8 ? "the state of delayed FP8 scaling; call lamp::init_fp8_state("
+              "model, recipe) before loading"
+            : "another model's checkpoint?",
+        ")");
   }
 }
 

@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -63,18 +64,38 @@ at::Tensor scaled_mm(
 }
 
 struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
+  // `history` and `scale`: a delayed-scaling state, or both absent
+  // (current scaling). NOTE: buffers, not differentiable inputs; kept in
+  // saved_data, not saved variables, since the casts write their amaxes
+  // into `history` after it is saved.
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& input,
       const at::Tensor& weight,
-      std::optional<at::Tensor> bias) {
+      std::optional<at::Tensor> bias,
+      std::optional<at::Tensor> history,
+      std::optional<at::Tensor> scale) {
     const auto out_dtype = out_dtype_of(input);
     const int64_t in = weight.size(1);
     // NOTE: under autocast the input is cast to its dtype first, as
     // torchao's Float8Linear does (a linear's inputs are autocast's).
     const auto rows = input.reshape({-1, in}).to(out_dtype);
-    auto [x8, x_inv] = quantize_tensorwise(rows, at::kFloat8_e4m3fn);
-    auto [w8, w_inv] = quantize_tensorwise(weight, at::kFloat8_e4m3fn);
+    auto quantize = [&](const at::Tensor& t, int64_t row) {
+      if (!history) {
+        return quantize_tensorwise(t, at::kFloat8_e4m3fn);
+      }
+      return quantize_delayed(
+          t,
+          at::kFloat8_e4m3fn,
+          scale->select(0, row),
+          history->select(0, row).select(0, 0));
+    };
+    auto [x8, x_inv] = quantize(rows, 0);
+    auto [w8, w_inv] = quantize(weight, 1);
+    if (history) {
+      ctx->saved_data["history"] = *history;
+      ctx->saved_data["scale"] = *scale;
+    }
     // NOTE: the bias in the GEMM's epilogue where _scaled_mm takes it (a
     // 16-bit output), else one add.
     const bool epilogue =
@@ -110,7 +131,13 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     const int64_t out = w8.size(0);
     const auto& grad = grads[0];
     const auto g = grad.reshape({-1, out});
-    auto [g8, g_inv] = quantize_tensorwise(g, at::kFloat8_e5m2);
+    auto [g8, g_inv] = ctx->saved_data.count("history") == 0
+        ? quantize_tensorwise(g, at::kFloat8_e5m2)
+        : quantize_delayed(
+              g,
+              at::kFloat8_e5m2,
+              ctx->saved_data["scale"].toTensor().select(0, 2),
+              ctx->saved_data["history"].toTensor().select(0, 2).select(0, 0));
     // dX = dY @ W: e5m2 x e4m3.
     auto dx = scaled_mm(g8, g_inv, column_major(w8), w_inv, in_dtype);
     auto in_sizes = grad.sizes().vec();
@@ -122,7 +149,7 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     if (ctx->saved_data["has_bias"].toBool()) {
       db = g.sum(0, /*keepdim=*/false, at::kFloat).to(w_dtype);
     }
-    return {dx.view(in_sizes), dw, db};
+    return {dx.view(in_sizes), dw, db, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -136,6 +163,38 @@ std::pair<at::Tensor, at::Tensor> quantize_tensorwise(
   const auto scale = max / amax.clamp_min(kTorchaoEps);
   auto data = (x.to(at::kFloat) * scale).clamp(-max, max).to(fp8);
   return {std::move(data), scale.reciprocal()};
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_delayed(
+    const at::Tensor& x,
+    at::ScalarType fp8,
+    const at::Tensor& scale,
+    const at::Tensor& amax) {
+  const double max = max_of(fp8);
+  amax.copy_(x.abs().amax());
+  const auto scaled = x.to(at::kFloat) * scale;
+  // NOTE: saturate finite values only: an inf must not become the
+  // format's largest number (Fp8AutocastGuard: overflow).
+  auto data =
+      at::where(scaled.isfinite(), scaled.clamp(-max, max), scaled).to(fp8);
+  return {std::move(data), scale.reciprocal()};
+}
+
+void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
+  const auto amax = recipe.amax_compute() == Fp8AmaxCompute::kMax
+      ? s.history.amax(1)
+      : s.history.select(1, 0).clone();
+  // Transformer Engine's _default_sf_compute: (fp8_max / amax) / 2^margin,
+  // the fp8 max per row (e4m3 for the input and weight, e5m2 for the
+  // gradient). NOTE: filled, not copied from the host (capturable).
+  auto fp8_max = at::full({3}, max_of(at::kFloat8_e4m3fn), amax.options());
+  fp8_max.narrow(0, 2, 1).fill_(max_of(at::kFloat8_e5m2));
+  const auto sf = fp8_max.div(amax).div_(std::ldexp(1.0, recipe.margin()));
+  s.scale.copy_(
+      at::where(amax.gt(0).logical_and_(amax.isfinite()), sf, s.scale));
+  // Transformer Engine's _update_amax_history.
+  s.history.copy_(s.history.roll(-1, 1));
+  s.history.select(1, 0).zero_();
 }
 
 bool fp8_applies(const at::Tensor& input, const at::Tensor& weight) {
@@ -169,11 +228,17 @@ bool fp8_applies(const at::Tensor& input, const at::Tensor& weight) {
 at::Tensor fp8_linear(
     const at::Tensor& input,
     const at::Tensor& weight,
-    const at::Tensor& bias) {
+    const at::Tensor& bias,
+    const Fp8DelayedState* delayed) {
+  auto optional = [](const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  };
   return Fp8LinearFunction::apply(
       input,
       weight,
-      bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+      optional(bias),
+      delayed ? optional(delayed->history) : std::nullopt,
+      delayed ? optional(delayed->scale) : std::nullopt);
 }
 
 } // namespace lamp::nn::detail

@@ -4,7 +4,11 @@
 // (lamp/fp8.h): the forward GEMM and both backward GEMMs through
 // at::_scaled_mm, tensorwise scales computed on the device.
 
+#include <lamp/fp8.h>
+
 #include <ATen/core/Tensor.h>
+
+#include <utility>
 
 namespace lamp::nn::detail {
 
@@ -13,11 +17,39 @@ namespace lamp::nn::detail {
 /// dimension a multiple of 16).
 bool fp8_applies(const at::Tensor& input, const at::Tensor& weight);
 
-/// y = input @ weight^T + bias in FP8 (see lamp/fp8.h), with gradients.
+/// A layer's delayed-scaling state (lamp::nn::Linear's buffers): `history`
+/// [3, len] fp32, rows the input, the weight and the output gradient,
+/// column 0 the newest amax; `scale` [3] fp32, what each multiplies by
+/// before its cast.
+struct Fp8DelayedState {
+  at::Tensor history, scale;
+};
+
+/// y = input @ weight^T + bias in FP8 (see lamp/fp8.h), with gradients:
+/// current (tensorwise) scales, or `delayed`'s scales when given (the casts
+/// record their amaxes in its column 0).
 at::Tensor fp8_linear(
     const at::Tensor& input,
     const at::Tensor& weight,
-    const at::Tensor& bias);
+    const at::Tensor& bias,
+    const Fp8DelayedState* delayed = nullptr);
+
+/// Transformer Engine's DelayedScaling update, in place on the device: per
+/// row, amax = the history's largest (kMax) or column 0 (kMostRecent),
+/// scale = fp8 max / amax / 2^margin where amax is positive and finite
+/// (else the scale stays), then the history rolled one column towards 0
+/// (column 0 going to the end) and column 0 zeroed for this step's amaxes.
+void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe);
+
+/// `x` in `fp8` with a given scale (a 0-d fp32 tensor): data = x * scale,
+/// finite values saturated at the format's maximum, inf and NaN left as
+/// they are (e4m3 turns them into NaN); amax(|x|) written to `amax` (a 0-d
+/// fp32 view). Returns the data and 1 / scale.
+std::pair<at::Tensor, at::Tensor> quantize_delayed(
+    const at::Tensor& x,
+    at::ScalarType fp8,
+    const at::Tensor& scale,
+    const at::Tensor& amax);
 
 /// `x` in `fp8` (Float8_e4m3fn or Float8_e5m2) with its current
 /// (tensorwise) scale, torchao's definition: scale = fp8 max /

@@ -1,5 +1,9 @@
 #include <lamp/fp8.h>
 
+#include <c10/util/Exception.h>
+
+#include "fp8_scope.h"
+
 namespace lamp {
 namespace {
 
@@ -16,8 +20,20 @@ Fp8State& state() {
 
 } // namespace
 
+void Fp8AutocastGuard::check(const Fp8Recipe& recipe) {
+  TORCH_CHECK_VALUE(
+      recipe.amax_history_len() >= 1,
+      "lamp::Fp8Recipe: amax_history_len must be at least 1, got ",
+      recipe.amax_history_len());
+  TORCH_CHECK_VALUE(
+      recipe.margin() >= 0,
+      "lamp::Fp8Recipe: margin must be at least 0, got ",
+      recipe.margin());
+}
+
 Fp8AutocastGuard::Fp8AutocastGuard(Fp8Recipe recipe, bool enabled)
     : prev_enabled_(state().enabled), prev_recipe_(state().recipe) {
+  check(recipe);
   state().enabled = enabled;
   state().recipe = recipe;
 }
@@ -26,6 +42,15 @@ Fp8AutocastGuard::~Fp8AutocastGuard() {
   state().enabled = prev_enabled_;
   state().recipe = prev_recipe_;
 }
+
+namespace nn::detail {
+
+bool& fp8_recomputing() {
+  thread_local bool recomputing = false;
+  return recomputing;
+}
+
+} // namespace nn::detail
 
 bool Fp8AutocastGuard::is_enabled() {
   return state().enabled;

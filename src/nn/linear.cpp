@@ -1,6 +1,7 @@
 #include <lamp/nn/linear.h>
 
 #include <lamp/config.h>
+#include <lamp/fp8.h>
 
 #include <ATen/ops/linear.h>
 #include <torch/nn/init.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 
 #include "fp8_linear.h"
+#include "fp8_scope.h"
 #if LAMP_WITH_CUDA
 #include "linear_cuda.h"
 #endif
@@ -46,6 +48,13 @@ void LinearImpl::reset() {
   } else {
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }
+  // NOTE: clone() copies the members, then calls reset(): a layer with FP8
+  // state registers it again, and clone() copies its values.
+  if (fp8_amax_history.defined()) {
+    fp8_amax_history = register_buffer(
+        "fp8_amax_history", torch::zeros_like(fp8_amax_history));
+    fp8_scale = register_buffer("fp8_scale", torch::ones_like(fp8_scale));
+  }
   reset_parameters();
 }
 
@@ -68,8 +77,55 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
          << ", bias=" << options.bias() << ")";
 }
 
+void LinearImpl::init_fp8_state(const Fp8Recipe& recipe) {
+  const int64_t len = recipe.amax_history_len();
+  if (fp8_amax_history.defined()) {
+    TORCH_CHECK_VALUE(
+        fp8_amax_history.size(1) == len,
+        "lamp::nn::Linear: its FP8 amax history holds ",
+        fp8_amax_history.size(1),
+        " steps but the recipe's amax_history_len is ",
+        len,
+        "; keep the length a model was trained (and checkpointed) with");
+    return;
+  }
+  const auto f32 = weight.options().dtype(torch::kFloat);
+  fp8_amax_history =
+      register_buffer("fp8_amax_history", torch::zeros({3, len}, f32));
+  fp8_scale = register_buffer("fp8_scale", torch::ones({3}, f32));
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
+  if (Fp8AutocastGuard::is_enabled() &&
+      Fp8AutocastGuard::recipe().scaling() == Fp8Scaling::kDelayed &&
+      detail::fp8_applies(input, weight)) {
+    const auto recipe = Fp8AutocastGuard::recipe();
+    init_fp8_state(recipe);
+    const detail::Fp8DelayedState state{fp8_amax_history, fp8_scale};
+    // NOTE: a checkpoint's recompute keeps the forward call's scales.
+    if (!detail::fp8_recomputing()) {
+      torch::NoGradGuard no_grad;
+      detail::fp8_update_delayed(state, recipe);
+    }
+    return detail::fp8_linear(input, weight, bias, &state);
+  }
   return linear(input, weight, bias);
 }
 
 } // namespace lamp::nn
+
+namespace lamp {
+
+void init_fp8_state(torch::nn::Module& model, const Fp8Recipe& recipe) {
+  Fp8AutocastGuard::check(recipe);
+  if (recipe.scaling() != Fp8Scaling::kDelayed) {
+    return;
+  }
+  for (const auto& module : model.modules(/*include_self=*/true)) {
+    if (auto* fc = dynamic_cast<nn::LinearImpl*>(module.get())) {
+      fc->init_fp8_state(recipe);
+    }
+  }
+}
+
+} // namespace lamp

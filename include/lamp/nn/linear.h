@@ -1,6 +1,7 @@
 #pragma once
 
 #include <lamp/export.h>
+#include <lamp/fp8.h>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/options/linear.h>
@@ -68,6 +69,19 @@ class LAMP_API LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   torch::Tensor weight;
   /// [out_features], undefined when `options.bias()` is false.
   torch::Tensor bias;
+  /// Delayed FP8 scaling's state (lamp/fp8.h, Fp8Scaling::kDelayed):
+  /// registered as buffers on the first forward call in a delayed FP8
+  /// scope, or by lamp::init_fp8_state; undefined before.
+  /// [3, amax_history_len]: the amaxes of the input, the weight and the
+  /// output gradient, newest in column 0.
+  torch::Tensor fp8_amax_history;
+  /// [3]: their scales.
+  torch::Tensor fp8_scale;
+
+  /// Registers the two buffers above for `recipe` if they are not there
+  /// (zero histories, scales of 1, on the weight's device); a
+  /// c10::ValueError if they are, for another amax_history_len.
+  void init_fp8_state(const Fp8Recipe& recipe);
 };
 
 /// A `std::shared_ptr<LinearImpl>` holder, as LibTorch's module holders.

@@ -1,0 +1,345 @@
+// Delayed FP8 scaling (lamp::Fp8Scaling::kDelayed): lamp::nn::Linear's amax
+// histories and scales step by step against a reference written from
+// Transformer Engine's DelayedScaling (max and most-recent, a margin, a
+// short history that rolls over, zero and non-finite amaxes); casts that
+// saturate with the delayed scale; checkpoints that resume bit for bit;
+// recomputes (lamp::checkpoint) that do not update the scales again; bad
+// recipes; a small model that trains as in bf16.
+
+#include <lamp/activation_checkpoint.h>
+#include <lamp/autocast.h>
+#include <lamp/checkpoint.h>
+#include <lamp/fp8.h>
+#include <lamp/nn/linear.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support.h"
+
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD).
+namespace fp8_delayed_test {
+
+namespace {
+
+constexpr float kE4m3Max = 448.f;
+constexpr float kE5m2Max = 57344.f;
+
+lamp::Fp8Recipe delayed(int64_t len) {
+  return lamp::Fp8Recipe()
+      .scaling(lamp::Fp8Scaling::kDelayed)
+      .amax_history_len(len);
+}
+
+// Transformer Engine's DelayedScaling for one tensor, in plain floats:
+// history[0] the newest amax.
+struct Reference {
+  std::deque<float> history;
+  float scale = 1.f;
+  float fp8_max;
+
+  Reference(int64_t len, float max) : history(len, 0.f), fp8_max(max) {}
+
+  // _compute_amax_and_update_history, then _default_sf_compute.
+  void update(const lamp::Fp8Recipe& recipe) {
+    float amax = history.front();
+    if (recipe.amax_compute() == lamp::Fp8AmaxCompute::kMax) {
+      for (const float a : history) {
+        amax = std::isnan(a) || std::isnan(amax) ? NAN : std::max(amax, a);
+      }
+    }
+    // torch.roll(history, -1): the newest goes to the end; then [0] = 0.
+    history.push_back(history.front());
+    history.pop_front();
+    history.front() = 0.f;
+    if (amax > 0.f && std::isfinite(amax)) {
+      scale =
+          fp8_max / amax / std::ldexp(1.f, static_cast<int>(recipe.margin()));
+    }
+  }
+};
+
+void expect_state(
+    const lamp::nn::Linear& fc,
+    const std::array<Reference, 3>& ref,
+    int step) {
+  const auto history = fc->fp8_amax_history.contiguous();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(fc->fp8_scale[r].item<float>(), ref[r].scale)
+        << "step " << step << ", row " << r;
+    for (size_t i = 0; i < ref[r].history.size(); ++i) {
+      const float got = history[r][static_cast<int64_t>(i)].item<float>();
+      const float want = ref[r].history[i];
+      EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want)))
+          << "step " << step << ", row " << r << ", column " << i << ": " << got
+          << " vs " << want;
+    }
+  }
+}
+
+// Seven steps of one layer, the input's and the gradient's magnitudes
+// moving (a zero input, a jump, an inf), the weight stepped by SGD:
+// history and scale equal the reference's after every step, bit for bit.
+void follow_reference(const lamp::Fp8Recipe& recipe) {
+  torch::manual_seed(0);
+  lamp::nn::Linear fc(32, 16);
+  torch::optim::SGD sgd(fc->parameters(), torch::optim::SGDOptions(0.01));
+  std::array<Reference, 3> ref{
+      Reference(recipe.amax_history_len(), kE4m3Max),
+      Reference(recipe.amax_history_len(), kE4m3Max),
+      Reference(recipe.amax_history_len(), kE5m2Max)};
+  const std::vector<double> x_scale = {1, 3, 0, 200, 0.5, 1, 2};
+  const std::vector<double> g_scale = {1, 1e3, 1, 0.01, 1, 5, 1};
+  for (int step = 0; step < 7; ++step) {
+    auto x = torch::randn({16, 32}) * x_scale[step];
+    if (step == 4) {
+      x[2][5] = std::numeric_limits<float>::infinity();
+    }
+    const auto g = torch::randn({16, 16}) * g_scale[step];
+    for (auto& r : ref) {
+      r.update(recipe);
+    }
+    ref[0].history.front() = x.abs().max().item<float>();
+    ref[1].history.front() = fc->weight.detach().abs().max().item<float>();
+    ref[2].history.front() = g.abs().max().item<float>();
+    sgd.zero_grad();
+    torch::Tensor y;
+    {
+      lamp::Fp8AutocastGuard fp8(recipe);
+      y = fc(x);
+    }
+    y.backward(g);
+    expect_state(fc, ref, step);
+    if (step != 4) { // the inf step's gradients are NaN
+      sgd.step();
+    }
+  }
+}
+
+TEST(Fp8Delayed, MaxOfAShortHistoryFollowsTransformerEngine) {
+  follow_reference(delayed(3));
+}
+
+TEST(Fp8Delayed, MostRecentWithAMarginFollowsTransformerEngine) {
+  follow_reference(
+      delayed(5).amax_compute(lamp::Fp8AmaxCompute::kMostRecent).margin(2));
+}
+
+// A cast uses the scale of earlier steps: an input 100 times larger than
+// before saturates at e4m3's maximum (finite), and the output is the GEMM
+// of those saturated operands; an inf stays non-finite.
+TEST(Fp8Delayed, CastsSaturateWithTheDelayedScale) {
+  torch::manual_seed(1);
+  lamp::nn::Linear fc(32, 16);
+  const auto recipe = delayed(4);
+  const auto small = torch::randn({16, 32});
+  {
+    lamp::Fp8AutocastGuard fp8(recipe);
+    fc(small);
+    fc(small); // the scales now follow `small`
+  }
+  const auto big = small * 100;
+  const float sx = fc->fp8_scale[0].item<float>();
+  torch::Tensor y;
+  {
+    lamp::Fp8AutocastGuard fp8(recipe);
+    y = fc(big);
+  }
+  // The update at this call saw the same amaxes again: same scales.
+  EXPECT_EQ(fc->fp8_scale[0].item<float>(), sx);
+  const float sw = fc->fp8_scale[1].item<float>();
+  auto dequantised = [](const torch::Tensor& t, float s) {
+    return (t * s)
+               .clamp(-kE4m3Max, kE4m3Max)
+               .to(torch::kFloat8_e4m3fn)
+               .to(torch::kFloat) /
+        s;
+  };
+  const auto xq = dequantised(big, sx);
+  EXPECT_EQ(xq.abs().max().item<float>(), kE4m3Max / sx); // saturated
+  const auto want =
+      xq.matmul(dequantised(fc->weight.detach(), sw).t()) + fc->bias.detach();
+  EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::isfinite(y).all().item<bool>());
+  auto x_inf = small.clone();
+  x_inf[0][0] = std::numeric_limits<float>::infinity();
+  lamp::Fp8AutocastGuard fp8(recipe);
+  EXPECT_FALSE(torch::isfinite(fc(x_inf)).all().item<bool>());
+}
+
+struct Net : torch::nn::Module {
+  explicit Net(bool recompute = false) : recompute(recompute) {
+    fc1 = register_module("fc1", lamp::nn::Linear(32, 64));
+    fc2 = register_module("fc2", lamp::nn::Linear(64, 16));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto block = [this](const std::vector<torch::Tensor>& in) {
+      return std::vector<torch::Tensor>{torch::relu(fc1(in[0]))};
+    };
+    const auto h = recompute ? lamp::checkpoint(block, {x})[0] : block({x})[0];
+    return fc2(h);
+  }
+  bool recompute;
+  lamp::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// Steps [from, to) of a run: bf16 autocast, delayed FP8, Adam.
+std::vector<double> train(
+    Net& net,
+    torch::optim::Optimizer& opt,
+    int from,
+    int to,
+    const lamp::Fp8Recipe& recipe) {
+  std::vector<double> losses;
+  for (int step = from; step < to; ++step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randn({16, 32}).requires_grad_();
+    const auto y = torch::randn({16, 16});
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      lamp::Fp8AutocastGuard fp8(recipe);
+      loss = (net.forward(x).to(torch::kFloat) - y).pow(2).mean();
+    }
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+// The histories and scales are buffers: a checkpoint carries them, and a
+// run resumed from it (after lamp::init_fp8_state) is the uninterrupted run.
+TEST(Fp8Delayed, ACheckpointResumesBitForBit) {
+  const auto recipe = delayed(8);
+  const auto path = lamp::test::fresh_dir("fp8_delayed") + "/ckpt.pt";
+  torch::manual_seed(2);
+  auto whole = std::make_shared<Net>();
+  torch::optim::Adam opt(whole->parameters(), torch::optim::AdamOptions(1e-3));
+  auto losses = train(*whole, opt, 0, 3, recipe);
+  {
+    lamp::TrainingState state;
+    state.add("model", *whole).add("optimizer", opt);
+    lamp::save_checkpoint(state, path, 3);
+  }
+  const auto rest = train(*whole, opt, 3, 6, recipe);
+
+  torch::manual_seed(3); // other initial weights: the checkpoint's count
+  auto resumed = std::make_shared<Net>();
+  torch::optim::Adam opt2(
+      resumed->parameters(), torch::optim::AdamOptions(1e-3));
+  {
+    lamp::TrainingState state;
+    state.add("model", *resumed).add("optimizer", opt2);
+    // Without the buffers the load is refused, and says what to do.
+    lamp::test::expect_error(
+        [&] { lamp::load_checkpoint(state, path); },
+        "call lamp::init_fp8_state(model, recipe) before loading");
+  }
+  lamp::init_fp8_state(*resumed, recipe);
+  {
+    lamp::TrainingState state;
+    state.add("model", *resumed).add("optimizer", opt2);
+    EXPECT_EQ(lamp::load_checkpoint(state, path), 3);
+  }
+  EXPECT_EQ(train(*resumed, opt2, 3, 6, recipe), rest);
+  EXPECT_TRUE(torch::equal(
+      resumed->fc1->fp8_amax_history, whole->fc1->fp8_amax_history));
+  EXPECT_TRUE(torch::equal(resumed->fc2->fp8_scale, whole->fc2->fp8_scale));
+}
+
+// A checkpointed block's recompute runs in FP8 with the forward call's
+// scales and does not update them again: the run equals the plain one.
+TEST(Fp8Delayed, ARecomputeKeepsTheForwardCallsScales) {
+  const auto recipe = delayed(4);
+  auto run = [&](bool recompute) {
+    torch::manual_seed(4);
+    Net net(recompute);
+    torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(1e-3));
+    const auto losses = train(net, opt, 0, 4, recipe);
+    return std::make_tuple(
+        losses,
+        net.fc1->fp8_amax_history.clone(),
+        net.fc1->fp8_scale.clone(),
+        net.fc1->weight.detach().clone());
+  };
+  const auto [plain_losses, plain_history, plain_scale, plain_w] = run(false);
+  const auto [losses, history, scale, w] = run(true);
+  EXPECT_EQ(losses, plain_losses);
+  EXPECT_TRUE(torch::equal(history, plain_history));
+  EXPECT_TRUE(torch::equal(scale, plain_scale));
+  EXPECT_TRUE(torch::equal(w, plain_w));
+}
+
+TEST(Fp8Delayed, BadRecipesAndLengthsAreClearErrors) {
+  lamp::test::expect_error_of<c10::ValueError>(
+      [] { lamp::Fp8AutocastGuard g(delayed(0)); },
+      "amax_history_len must be at least 1, got 0");
+  lamp::test::expect_error_of<c10::ValueError>(
+      [] { lamp::Fp8AutocastGuard g(delayed(4).margin(-1)); },
+      "margin must be at least 0, got -1");
+  lamp::nn::Linear fc(32, 16);
+  fc->init_fp8_state(delayed(4));
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] { fc->init_fp8_state(delayed(8)); },
+      "its FP8 amax history holds 4 steps but the recipe's amax_history_len "
+      "is 8");
+  // clone() keeps the state.
+  fc->fp8_scale.fill_(3);
+  const auto copy =
+      std::dynamic_pointer_cast<lamp::nn::LinearImpl>(fc->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_TRUE(torch::equal(copy->fp8_scale, fc->fp8_scale));
+  EXPECT_FALSE(copy->fp8_scale.is_same(fc->fp8_scale));
+  // Current scaling keeps no state.
+  lamp::nn::Linear plain(32, 16);
+  {
+    lamp::Fp8AutocastGuard fp8;
+    plain(torch::randn({16, 32}));
+  }
+  EXPECT_FALSE(plain->fp8_amax_history.defined());
+  EXPECT_EQ(plain->buffers().size(), 0u);
+}
+
+// A small MLP on a teacher's labels learns with delayed scales as in bf16.
+TEST(Fp8Delayed, AModelTrainsAsInBf16) {
+  auto run = [](bool fp8) {
+    torch::manual_seed(3);
+    torch::nn::Sequential net(
+        lamp::nn::Linear(32, 64), torch::nn::ReLU(), lamp::nn::Linear(64, 16));
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(3e-3));
+    const auto x = torch::randn({256, 32});
+    const auto y = x.matmul(torch::randn({32, 16})).argmax(1);
+    double first = 0, last = 0;
+    for (int step = 0; step < 150; ++step) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+        lamp::Fp8AutocastGuard scope(delayed(16), fp8);
+        loss = torch::cross_entropy_loss(net->forward(x).to(torch::kFloat), y);
+      }
+      loss.backward();
+      opt.step();
+      (step == 0 ? first : last) = loss.item<double>();
+    }
+    return std::pair{first, last};
+  };
+  const auto [first16, last16] = run(false);
+  const auto [first8, last8] = run(true);
+  EXPECT_LT(last8, 0.5 * first8);
+  EXPECT_NEAR(last8, last16, 0.1 * last16 + 0.02);
+}
+
+} // namespace
+
+} // namespace fp8_delayed_test
