@@ -46,11 +46,25 @@ struct Precision {
   bool fp8 = false; // bf16 autocast + lamp::Fp8AutocastGuard (lamp/fp8.h)
 };
 
+/// Thrown by RunCheckpoints::resume (training.h) when the newest
+/// checkpoint is the run's last step: nothing is left to train.
+/// report_failure prints its message to stdout and returns 0 (no failure,
+/// and no table of results that were never measured).
+struct RunFinished : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// What an example does with an exception that training threw (a bad
 /// image, an I/O error, a NCCL error...): "<program>: <message>" on one line
 /// of stderr, then exit status 1 (no abort, no backtrace). Checkpoints
-/// written before it stay as they were.
+/// written before it stay as they were. A finished run found by --resume
+/// (RunFinished) is no failure: its line goes to
+/// stdout and the status is 0.
 inline int report_failure(const char* program, const std::exception& e) {
+  if (dynamic_cast<const RunFinished*>(&e) != nullptr) {
+    std::cout << program << ": " << e.what() << "\n";
+    return 0;
+  }
   const auto* error = dynamic_cast<const c10::Error*>(&e);
   std::string message = error ? error->what_without_backtrace() : e.what();
   std::replace(message.begin(), message.end(), '\n', ' ');

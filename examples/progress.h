@@ -1,6 +1,7 @@
 #pragma once
 
-// A progress line for long runs: step, steps/s, ETA, loss, scale. On a
+// A progress line for long runs: step, steps/s, ETA, loss, scale and the
+// example's throughput (images/s, tokens/s). On a
 // terminal it redraws one line about twice a second; otherwise (a log file,
 // CI) it prints a plain line every `every` steps.
 
@@ -102,5 +103,17 @@ class Progress {
   int64_t last_step_;
   Clock::time_point last_time_;
 };
+
+/// A Progress::update `extra` that prints the throughput: "  N images/s"
+/// for `per_step` items (of `unit`) a step.
+inline std::function<std::string(double)> per_second(
+    double per_step,
+    std::string unit) {
+  return [per_step, unit = std::move(unit)](double steps_per_s) {
+    char line[64];
+    std::snprintf(line, sizeof line, "  %.0f ", steps_per_s * per_step);
+    return line + unit + "/s";
+  };
+}
 
 } // namespace examples

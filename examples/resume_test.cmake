@@ -8,7 +8,8 @@
 # with a checkpoint every EVERY steps; the run resumed from the newest
 # checkpoint. Every step and epoch line the resumed run writes to --metrics
 # (timings and the loader's decode counts removed) must be in the whole run's
-# metrics, and it must write some.
+# metrics, and it must write some. A fourth run, resumed from the finished
+# run's checkpoint, must say the run is finished and exit 0.
 
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
@@ -56,6 +57,18 @@ foreach(line IN LISTS resumed)
   endif()
 endforeach()
 message(STATUS "resumed run: ${n} metrics lines, all equal to the whole run's")
+
+# Resumed again, the run has nothing left: one line saying so, status 0, no
+# table of results (it printed "nan" for what it never measured).
+execute_process(
+  COMMAND "${PROGRAM}" ${ARGS} --checkpoint-dir "${WORK}/ckpt" --resume
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message(STATUS "finished, resumed:\n${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "already finished" OR
+   out MATCHES "(^|[^a-z])nan([^a-z]|$)")
+  message(FATAL_ERROR "resuming a finished run: want status 0 and \"already "
+                      "finished\", got status ${rc}")
+endif()
 # Passed: the checkpoints go (ResNet-50's are ~300 MB each, and CI machines'
 # disks are small); the metrics stay to be read.
 file(REMOVE_RECURSE "${WORK}/ckpt")

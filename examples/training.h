@@ -62,6 +62,19 @@ struct RunOptions {
   int64_t stop_after = 0; // 0: run to the end
 };
 
+/// The groups of every example's --help. CLI11 lists groups in the order
+/// their first flag was added, so the examples add their flags in this
+/// order: model, precision and speed, data, training loop (add_run_flags
+/// adds it and the checkpoints group), output, distributed
+/// (add_dist_flags).
+inline constexpr const char* kModelGroup = "Model";
+inline constexpr const char* kSpeedGroup = "Precision and speed";
+inline constexpr const char* kDataGroup = "Data";
+inline constexpr const char* kLoopGroup = "Training loop";
+inline constexpr const char* kCheckpointGroup = "Checkpoints";
+inline constexpr const char* kOutputGroup = "Output";
+inline constexpr const char* kDistGroup = "Distributed";
+
 /// --ddp and --dist-timeout, in the help's "Distributed" group.
 inline void add_dist_flags(CLI::App& app, DistFlags& f) {
   app.add_flag(
@@ -70,7 +83,7 @@ inline void add_dist_flags(CLI::App& app, DistFlags& f) {
          "data-parallel over the processes torchrun, srun or mpirun started: "
          "one GPU each over NCCL, or CPU processes over Gloo (--device cpu, "
          "or no GPU); --batch-size is per process")
-      ->group("Distributed");
+      ->group(kDistGroup);
   app.add_option(
          "--dist-timeout",
          f.timeout_s,
@@ -78,7 +91,7 @@ inline void add_dist_flags(CLI::App& app, DistFlags& f) {
          "collective before failing")
       ->check(Positive)
       ->capture_default_str()
-      ->group("Distributed");
+      ->group(kDistGroup);
 }
 
 inline void add_run_flags(CLI::App& app, RunOptions& o) {
@@ -88,50 +101,58 @@ inline void add_run_flags(CLI::App& app, RunOptions& o) {
          "clip the gradients' total 2-norm to this after unscaling "
          "(lamp::clip_grad_norm_; 0 = off)")
       ->check(NonNegative)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kLoopGroup);
   app.add_option(
          "--lr-schedule",
          o.lr_schedule,
          "learning rate per step: constant, linear (decay to 0), cosine "
          "(to 0) or onecycle")
       ->check(CLI::IsMember({"constant", "linear", "cosine", "onecycle"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kLoopGroup);
   app.add_option(
          "--warmup-steps",
          o.warmup_steps,
          "linear learning-rate warm-up before the schedule (onecycle: its "
          "rising phase)")
       ->check(NonNegative)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kLoopGroup);
   auto* dir = app.add_option(
       "--checkpoint-dir",
       o.checkpoint_dir,
       "write checkpoints (model, optimizer, scaler, schedule, step, RNG) "
       "to this folder, the newest 3 kept");
+  dir->group(kCheckpointGroup);
   app.add_option(
          "--checkpoint-every",
          o.checkpoint_every,
          "steps between checkpoints (0: only at the end)")
       ->check(NonNegative)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kCheckpointGroup);
   app.add_flag(
-      "--async-checkpoint",
-      o.async_checkpoint,
-      "write checkpoints in a background thread: training pauses only while "
-      "the state is copied to host memory");
+         "--async-checkpoint",
+         o.async_checkpoint,
+         "write checkpoints in a background thread: training pauses only while "
+         "the state is copied to host memory")
+      ->group(kCheckpointGroup);
   app.add_flag(
          "--resume",
          o.resume,
          "continue from the newest checkpoint in --checkpoint-dir (from the "
          "start if there is none); the run ends where the uninterrupted run "
          "ends")
-      ->needs(dir); // else it would be ignored without a word
+      ->needs(dir) // else it would be ignored without a word
+      ->group(kCheckpointGroup);
   app.add_option(
          "--stop-after",
          o.stop_after,
          "stop this process after this many steps, as if killed (to try "
          "--resume)")
-      ->check(NonNegative);
+      ->check(NonNegative)
+      ->group(kCheckpointGroup);
 }
 
 /// The per-step learning-rate schedule of `o` over `total` steps, or null
@@ -255,12 +276,21 @@ class RunCheckpoints {
   }
 
   /// The step to start after: the newest checkpoint's with --resume, else
-  /// 0. `print`: this rank says what it did.
-  int64_t resume(lamp::TrainingState& state, bool print) {
+  /// 0; RunFinished if that checkpoint is the last of `total` steps.
+  /// `print`: this rank says what it did.
+  int64_t resume(lamp::TrainingState& state, bool print, int64_t total) {
     if (!manager_ || !options_.resume) {
       return 0;
     }
     const auto step = manager_->load_latest(state);
+    if (step && *step >= total) {
+      throw RunFinished(
+          "the run in " + manager_->dir() + " already finished (" +
+          *manager_->latest() + " is step " + std::to_string(*step) + " of " +
+          std::to_string(total) +
+          "): nothing to train; to train further, raise the step count, or "
+          "start a new run in another --checkpoint-dir");
+    }
     if (print) {
       if (step) {
         std::printf(

@@ -46,6 +46,8 @@ struct Options {
   std::string data, val_data;
   int64_t seq_len = 0; // 0: the model's block size
   std::string precision;
+  std::string fp8_scaling = "current";
+  int64_t fp8_amax_history = 16;
   std::string device = "auto";
   bool cuda_graph = false;
   std::string recompute_blocks = "0"; // a count, or "all"
@@ -180,6 +182,17 @@ int run(
       lamp::GradScalerOptions().enabled(precision.name == "fp16"));
   const auto schedule =
       examples::make_schedule(optimizer, opt.run, total, opt.cuda_graph);
+  // --fp8-scaling delayed: the layers' amax histories and scales are
+  // buffers, made now so that a checkpoint holding them loads.
+  const auto fp8_recipe =
+      lamp::Fp8Recipe()
+          .scaling(
+              opt.fp8_scaling == "delayed" ? lamp::Fp8Scaling::kDelayed
+                                           : lamp::Fp8Scaling::kCurrent)
+          .amax_history_len(opt.fp8_amax_history);
+  if (precision.fp8) {
+    lamp::init_fp8_state(*model, fp8_recipe);
+  }
   int64_t step = 0;
   auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
   if (!opt.save_init.empty()) {
@@ -188,7 +201,7 @@ int run(
     lamp::save_checkpoint(init, opt.save_init);
   }
   examples::RunCheckpoints checkpoints(opt.run, pg, "gpt_amp");
-  step = checkpoints.resume(state, print);
+  step = checkpoints.resume(state, print, total);
   if (print && pg) {
     std::cout << "gpt_amp: DDP over " << world << " processes ("
               << (device.is_cuda() ? "GPUs, NCCL" : "CPUs, Gloo") << "), batch "
@@ -210,7 +223,7 @@ int run(
         // gradients back in another) instead of one each.
         lamp::CastWeightsGuard cast(*model, device.type());
         // --precision fp8: the blocks' GEMMs in FP8 (lamp/fp8.h).
-        lamp::Fp8AutocastGuard fp8(lamp::Fp8Recipe(), precision.fp8);
+        lamp::Fp8AutocastGuard fp8(fp8_recipe, precision.fp8);
         loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
       }
       scaler.scale(loss).backward();
@@ -439,11 +452,11 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train GPT-2 (nanoGPT's and llm.c's model) with automatic mixed "
       "precision (lamp)"};
-  const char* model = "Model";
-  const char* speed = "Precision and speed";
-  const char* data = "Data";
-  const char* loop = "Training loop";
-  const char* output = "Output";
+  const char* model = examples::kModelGroup;
+  const char* speed = examples::kSpeedGroup;
+  const char* data = examples::kDataGroup;
+  const char* loop = examples::kLoopGroup;
+  const char* output = examples::kOutputGroup;
   app.add_option(
          "--model",
          opt.model,
@@ -467,8 +480,24 @@ int main(int argc, char** argv) {
          "--precision",
          opt.precision,
          "fp32, fp16 (with loss scaling), bf16 (default), or fp8 (bf16 with "
-         "the blocks' GEMMs in FP8, tensorwise scales; Hopper/Ada on a GPU)")
+         "the blocks' GEMMs in FP8; Hopper/Ada on a GPU)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}))
+      ->group(speed);
+  app.add_option(
+         "--fp8-scaling",
+         opt.fp8_scaling,
+         "--precision fp8: current (each tensor's own amax, torchao's "
+         "tensorwise) or delayed (earlier steps' amaxes, Transformer "
+         "Engine's DelayedScaling)")
+      ->check(CLI::IsMember({"current", "delayed"}))
+      ->capture_default_str()
+      ->group(speed);
+  app.add_option(
+         "--fp8-amax-history",
+         opt.fp8_amax_history,
+         "--fp8-scaling delayed: amaxes kept per tensor")
+      ->check(examples::Positive)
+      ->capture_default_str()
       ->group(speed);
   app.add_option("--device", opt.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))

@@ -202,7 +202,7 @@ Result train(
   auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
   state.add("epoch_loss_sum", loss_sum);
   examples::RunCheckpoints checkpoints(opt.run, pg, "mlp_amp");
-  step = checkpoints.resume(state, print);
+  step = checkpoints.resume(state, print, total_steps);
 
   auto accuracy = [&] {
     torch::NoGradGuard no_grad;
@@ -248,6 +248,8 @@ Result train(
   Result result{precision.name};
   examples::Progress progress(
       precision.name, total_steps, step, opt.log_every, print);
+  const auto throughput =
+      examples::per_second(double(world_size * opt.batch_size), "images");
   int64_t done = 0; // steps run by this process
   double total_ms = 0;
   for (int64_t epoch = step / steps_per_epoch + 1; epoch <= opt.epochs;
@@ -283,9 +285,12 @@ Result train(
       if (schedule) {
         schedule->step();
       }
-      progress.update(step, [&] {
-        return std::make_pair(loss.item<double>(), scaler.get_scale());
-      });
+      progress.update(
+          step,
+          [&] {
+            return std::make_pair(loss.item<double>(), scaler.get_scale());
+          },
+          throughput);
       if (step % opt.log_every == 0) {
         metrics.write(
             {{"kind", std::string("step")},
@@ -366,49 +371,64 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train an MLP 784-512-10 on Fashion-MNIST with automatic mixed "
       "precision (lamp)"};
-  app.add_option("--data", opt.data, "folder with the Fashion-MNIST .gz files")
-      ->capture_default_str();
   app.add_option(
          "--precision",
          opt.precision,
          "fp32, fp16, bf16 or all (default: fp16 on CUDA, bf16 on the CPU)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "all"}));
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "all"}))
+      ->group(examples::kSpeedGroup);
   app.add_option("--device", opt.device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--epochs", opt.epochs)
+      ->capture_default_str()
+      ->group(examples::kSpeedGroup);
+  app.add_flag(
+         "--cuda-graph",
+         opt.cuda_graph,
+         "GPU only: capture the training step in a CUDA graph "
+         "(lamp::GraphedStep) and replay it; drops each epoch's last partial "
+         "batch")
+      ->group(examples::kSpeedGroup);
+  app.add_option("--data", opt.data, "folder with the Fashion-MNIST .gz files")
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
+  app.add_option(
+         "--epochs", opt.epochs, "passes over the 60,000 training images")
       ->check(examples::Positive)
-      ->capture_default_str();
-  app.add_option("--batch-size", opt.batch_size)
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
+  app.add_option("--batch-size", opt.batch_size, "images a step (a process)")
       ->check(examples::Positive)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
   app.add_option("--lr", opt.lr, "Adam learning rate (see --lr-schedule)")
       ->check(examples::Positive)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
+  app.add_option("--seed", opt.seed, "weights' and shuffling's random seed")
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
   opt.run.lr_schedule = "linear";
   examples::add_run_flags(app, opt.run);
-  app.add_option("--seed", opt.seed)->capture_default_str();
   app.add_option("--log-every", opt.log_every, "steps between metrics lines")
       ->check(examples::Positive)
-      ->capture_default_str();
-  app.add_flag(
-      "--cuda-graph",
-      opt.cuda_graph,
-      "capture the training step in a CUDA graph (lamp::GraphedStep) and "
-      "replay it; drops each epoch's last partial batch");
-  examples::add_dist_flags(app, opt.dist);
-  app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
+      ->capture_default_str()
+      ->group(examples::kOutputGroup);
+  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
+      ->group(examples::kOutputGroup);
   app.add_option(
          "--min-accuracy",
          opt.min_accuracy,
          "exit 1 if a final test accuracy is below this (0..1)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(examples::kOutputGroup);
   app.add_option(
          "--max-accuracy-gap",
          opt.max_accuracy_gap,
          "with --precision all: exit 1 if an AMP accuracy is further than "
          "this from fp32's (0..1)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(examples::kOutputGroup);
+  examples::add_dist_flags(app, opt.dist);
   CLI11_PARSE(app, argc, argv);
 
   const examples::RunPlace place =

@@ -36,40 +36,55 @@ struct DataOptions {
   bool gpu_resize = false;
 };
 
+/// The --data flags, in the help's "Data" group.
 inline void add_data_flags(CLI::App& app, DataOptions& o) {
   app.add_option(
-      "--data",
-      o.dir,
-      "train on real images: DIR/train and DIR/val, one folder per class "
-      "(torchvision's ImageFolder); without it, synthetic data");
+         "--data",
+         o.dir,
+         "train on real images: DIR/train and DIR/val, one folder per class "
+         "(torchvision's ImageFolder); without it, synthetic data")
+      ->group(examples::kDataGroup);
   app.add_option("--epochs", o.epochs, "--data: epochs (replaces --steps)")
       ->check(examples::Positive)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
   app.add_option("--workers", o.workers, "--data: decode threads per process")
       ->check(examples::Positive)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
   app.add_option("--prefetch", o.prefetch, "--data: batches prepared ahead")
       ->check(examples::Positive)
-      ->capture_default_str();
-  app.add_flag(
-         "--prefetch-next-epoch,!--no-prefetch-next-epoch",
-         o.prefetch_next_epoch,
-         "--data: prepare the next epoch's first batches while this one ends "
-         "(and during validation)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
+  // NOTE: two flags, not CLI11's "--a,!--no-a" pair, whose help line reads
+  // "{false}" beside a default that is on.
+  auto* next = app.add_flag(
+                      "--prefetch-next-epoch",
+                      o.prefetch_next_epoch,
+                      "--data: prepare the next epoch's first batches while "
+                      "this one ends (and during validation); the default")
+                   ->group(examples::kDataGroup);
+  app.add_flag_callback(
+         "--no-prefetch-next-epoch",
+         [&o] { o.prefetch_next_epoch = false; },
+         "--data: do not")
+      ->excludes(next)
+      ->group(examples::kDataGroup);
   app.add_option(
          "--stage-threads",
          o.stage_threads,
          "--data: threads that make batches on the device, each with its own "
          "stream and nvJPEG decoder")
       ->check(examples::Positive)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
   app.add_option(
          "--decode-nice",
          o.decode_nice,
          "--data: how much lower the decode threads' priority is (nice)")
       ->check(CLI::Range(0, 19))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
   app.add_option(
          "--decode",
          o.decode,
@@ -77,28 +92,33 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
          "threads), gpu (nvJPEG) or auto (both at once, each batch split by "
          "their measured rates; cpu without a GPU or nvJPEG)")
       ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDataGroup);
   app.add_flag_callback(
-      "--gpu-decode",
-      [&o] { o.decode = "gpu"; },
-      "--data: the same as --decode gpu");
+         "--gpu-decode",
+         [&o] { o.decode = "gpu"; },
+         "--data: the same as --decode gpu")
+      ->group(examples::kDataGroup);
   app.add_flag(
-      "--dct-downscale",
-      o.dct_downscale,
-      "--data: decode a JPEG whose crop is >= 2x the input reduced in the DCT "
-      "domain (as Pillow's draft(); faster on large images, pixels differ "
-      "from torchvision's)");
+         "--dct-downscale",
+         o.dct_downscale,
+         "--data: decode a JPEG whose crop is >= 2x the input reduced in the DCT "
+         "domain (as Pillow's draft(); faster on large images, pixels differ "
+         "from torchvision's)")
+      ->group(examples::kDataGroup);
   app.add_flag(
-      "--gpu-resize",
-      o.gpu_resize,
-      "--data: the GPU resizes the decode threads' JPEG crops (a faster "
-      "loader, a slightly slower step; pixels within 2 levels)");
+         "--gpu-resize",
+         o.gpu_resize,
+         "--data: the GPU resizes the decode threads' JPEG crops (a faster "
+         "loader, a slightly slower step; pixels within 2 levels)")
+      ->group(examples::kDataGroup);
   app.add_flag(
-      "--skip-bad-images",
-      o.skip_bad_images,
-      "--data: skip images that cannot be decoded (counted per epoch) "
-      "instead of stopping; with --cuda-graph another image of the batch "
-      "takes a skipped one's place");
+         "--skip-bad-images",
+         o.skip_bad_images,
+         "--data: skip images that cannot be decoded (counted per epoch) "
+         "instead of stopping; with --cuda-graph another image of the batch "
+         "takes a skipped one's place")
+      ->group(examples::kDataGroup);
 }
 
 /// Top-1 and top-5 accuracy in percent.

@@ -230,7 +230,7 @@ Result train(
     state.add("data_epoch", data_epoch).add("data_batch", data_batch);
   }
   examples::RunCheckpoints checkpoints(opt.run, pg, "resnet50_amp");
-  step = checkpoints.resume(state, print);
+  step = checkpoints.resume(state, print, total_steps);
   if (data) {
     data->start_at(data_epoch * data->steps_per_epoch() + data_batch);
   }
@@ -272,6 +272,8 @@ Result train(
   const int64_t traced_steps = 5;
   examples::Progress progress(
       precision.name, total_steps, step, opt.log_every, print);
+  const auto throughput =
+      examples::per_second(double(world_size * opt.batch_size), "images");
   int64_t done = 0; // steps run by this process
   int64_t logged_gpu = 0; // the loader's counts at the last step record
   int64_t logged_cpu = 0;
@@ -307,9 +309,10 @@ Result train(
     if (timed >= 1) {
       step_ms.push_back(ms);
     }
-    progress.update(step, [&] {
-      return std::make_pair(loss.item<double>(), scaler.get_scale());
-    });
+    progress.update(
+        step,
+        [&] { return std::make_pair(loss.item<double>(), scaler.get_scale()); },
+        throughput);
     if (timed >= 1 && (timed % opt.log_every == 0 || step == total_steps)) {
       std::vector<std::pair<std::string, examples::JsonLines::Value>> record{
           {"kind", std::string("step")},
@@ -415,101 +418,130 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ResNet-50 training with automatic mixed precision (lamp): fp32 vs "
       "fp16 vs bf16 on synthetic data, or on an ImageFolder (--data)"};
-  app.add_option(
-         "--precision",
-         opt.precision,
-         "fp32, fp16, bf16 or all (default: all on CUDA, bf16 on the CPU)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "all"}));
-  app.add_option("--device", opt.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--batch-size", opt.batch_size, "default 64 (CPU: 4)")
-      ->check(examples::Positive);
-  app.add_option("--steps", opt.steps, "timed steps (default 100, CPU: 5)")
-      ->check(examples::Positive);
-  app.add_option("--warmup", opt.warmup, "untimed steps (default 10, CPU: 1)")
-      ->check(examples::NonNegative);
-  app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
-      ->check(CLI::Range(32, 1024));
-  app.add_flag("--channels-last", opt.channels_last, "NHWC memory format");
-  auto* fused = app.add_flag(
-      "--fused-bn",
-      opt.fused_bn,
-      "BatchNorm (+ residual add) + ReLU as lamp::nn::BatchNormAct2d: "
-      "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
-      "same unfused ops elsewhere (default: on for CUDA channels-last "
-      "fp16/bf16)");
-  auto* tail = app.add_flag(
-      "--fused-tail",
-      opt.fused_tail,
-      "with the fused model, each bottleneck's last convolution, BatchNorm, "
-      "shortcut and ReLU as lamp::nn::conv_bn_add_relu (BatchNorm's "
-      "statistics from the convolutions' epilogues; default: on with the "
-      "fused model)");
-  app.add_flag(
-         "--no-fused-tail",
-         opt.no_fused_tail,
-         "the bottleneck's tail as conv3, then BatchNormAct2d")
-      ->excludes(tail);
-  auto* s2d = app.add_flag(
-      "--s2d-stem",
-      opt.s2d_stem,
-      "the stem's convolution as lamp::nn::space_to_depth_conv2d (a stride-1 "
-      "convolution of the input's 2x2 space-to-depth; same result; default: "
-      "on with the fused model in bf16, where cuDNN's 3-channel kernels are "
-      "slow)");
-  app.add_flag(
-         "--no-s2d-stem",
-         opt.no_s2d_stem,
-         "the stem's convolution as conv1 (the default but in fused bf16)")
-      ->excludes(s2d);
-  app.add_flag(
-      "--no-cast-weights",
-      opt.no_cast_weights,
-      "let autocast cast each weight where it is used (default with the "
-      "fused model, single process: lamp::CastWeightsGuard casts them all "
-      "in one kernel)");
-  app.add_flag(
-      "--cudnn-benchmark",
-      opt.cudnn_benchmark,
-      "let cuDNN time its convolution algorithms on first use and keep the "
-      "fastest (Python's torch.backends.cudnn.benchmark = True)");
+  app.add_flag("--channels-last", opt.channels_last, "NHWC memory format")
+      ->group(examples::kModelGroup);
+  auto* fused =
+      app.add_flag(
+             "--fused-bn",
+             opt.fused_bn,
+             "GPU only: BatchNorm (+ residual add) + ReLU as lamp::nn::BatchNormAct2d: "
+             "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
+             "same unfused ops elsewhere (default: on for CUDA channels-last "
+             "fp16/bf16)")
+          ->group(examples::kModelGroup);
   app.add_flag(
          "--no-fused-bn",
          opt.no_fused_bn,
          "torch::nn::BatchNorm2d, add and torch::relu (torchvision's model)")
-      ->excludes(fused);
-  examples::add_dist_flags(app, opt.dist);
-  app.add_option("--lr", opt.lr, "Adam learning rate")->capture_default_str();
-  app.add_option("--seed", opt.seed)->capture_default_str();
-  app.add_option("--log-every", opt.log_every, "steps between progress lines")
-      ->check(examples::Positive)
-      ->capture_default_str();
-  app.add_option("--metrics", opt.metrics, "write JSON lines to this file");
+      ->excludes(fused)
+      ->group(examples::kModelGroup);
+  auto* tail =
+      app.add_flag(
+             "--fused-tail",
+             opt.fused_tail,
+             "GPU only: with the fused model, each bottleneck's last convolution, BatchNorm, "
+             "shortcut and ReLU as lamp::nn::conv_bn_add_relu (BatchNorm's "
+             "statistics from the convolutions' epilogues; default: on with the "
+             "fused model)")
+          ->group(examples::kModelGroup);
   app.add_flag(
-      "--cuda-graph",
-      opt.cuda_graph,
-      "capture the whole training step in a CUDA graph (lamp::GraphedStep) "
-      "and replay it");
+         "--no-fused-tail",
+         opt.no_fused_tail,
+         "the bottleneck's tail as conv3, then BatchNormAct2d")
+      ->excludes(tail)
+      ->group(examples::kModelGroup);
+  auto* s2d =
+      app.add_flag(
+             "--s2d-stem",
+             opt.s2d_stem,
+             "GPU only: the stem's convolution as lamp::nn::space_to_depth_conv2d (a stride-1 "
+             "convolution of the input's 2x2 space-to-depth; same result; default: "
+             "on with the fused model in bf16, where cuDNN's 3-channel kernels are "
+             "slow)")
+          ->group(examples::kModelGroup);
+  app.add_flag(
+         "--no-s2d-stem",
+         opt.no_s2d_stem,
+         "the stem's convolution as conv1 (the default but in fused bf16)")
+      ->excludes(s2d)
+      ->group(examples::kModelGroup);
+  app.add_option(
+         "--precision",
+         opt.precision,
+         "fp32, fp16, bf16 or all (default: all on CUDA, bf16 on the CPU)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "all"}))
+      ->group(examples::kSpeedGroup);
+  app.add_option("--device", opt.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str()
+      ->group(examples::kSpeedGroup);
+  app.add_flag(
+         "--cuda-graph",
+         opt.cuda_graph,
+         "GPU only: capture the whole training step in a CUDA graph (lamp::GraphedStep) "
+         "and replay it")
+      ->group(examples::kSpeedGroup);
+  app.add_flag(
+         "--no-cast-weights",
+         opt.no_cast_weights,
+         "GPU only: let autocast cast each weight where it is used (default with the "
+         "fused model, single process: lamp::CastWeightsGuard casts them all "
+         "in one kernel)")
+      ->group(examples::kSpeedGroup);
+  app.add_flag(
+         "--cudnn-benchmark",
+         opt.cudnn_benchmark,
+         "GPU only: let cuDNN time its convolution algorithms on first use and keep the "
+         "fastest (Python's torch.backends.cudnn.benchmark = True)")
+      ->group(examples::kSpeedGroup);
+  app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
+      ->check(CLI::Range(32, 1024))
+      ->group(examples::kDataGroup);
+  examples::add_data_flags(app, opt.data);
+  app.add_option("--batch-size", opt.batch_size, "default 64 (CPU: 4)")
+      ->check(examples::Positive)
+      ->group(examples::kLoopGroup);
+  app.add_option("--steps", opt.steps, "timed steps (default 100, CPU: 5)")
+      ->check(examples::Positive)
+      ->group(examples::kLoopGroup);
+  app.add_option("--warmup", opt.warmup, "untimed steps (default 10, CPU: 1)")
+      ->check(examples::NonNegative)
+      ->group(examples::kLoopGroup);
+  app.add_option("--lr", opt.lr, "Adam learning rate")
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
+  app.add_option("--seed", opt.seed, "weights' and data's random seed")
+      ->capture_default_str()
+      ->group(examples::kLoopGroup);
   opt.run.lr_schedule = "constant";
   examples::add_run_flags(app, opt.run);
-  examples::add_data_flags(app, opt.data);
+  app.add_option("--log-every", opt.log_every, "steps between progress lines")
+      ->check(examples::Positive)
+      ->capture_default_str()
+      ->group(examples::kOutputGroup);
+  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
+      ->group(examples::kOutputGroup);
+  app.add_option(
+         "--trace",
+         opt.trace,
+         "write a Chrome trace of the last 5 steps to "
+         "TRACE.<precision>[.rank<R>].json")
+      ->group(examples::kOutputGroup);
+  examples::add_dist_flags(app, opt.dist);
   app.add_option(
          "--bucket-cap-mb", opt.bucket_cap_mb, "--ddp: gradient bucket size")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(examples::kDistGroup);
   app.add_flag(
-      "--grad-as-bucket-view",
-      opt.grad_as_bucket_view,
-      "--ddp: gradients are views into the buckets");
+         "--grad-as-bucket-view",
+         opt.grad_as_bucket_view,
+         "--ddp: gradients are views into the buckets")
+      ->group(examples::kDistGroup);
   app.add_flag(
-      "--no-broadcast-buffers",
-      opt.no_broadcast_buffers,
-      "--ddp: keep each rank's BatchNorm statistics");
-  app.add_option(
-      "--trace",
-      opt.trace,
-      "write a Chrome trace of the last 5 steps to "
-      "TRACE.<precision>[.rank<R>].json");
+         "--no-broadcast-buffers",
+         opt.no_broadcast_buffers,
+         "--ddp: keep each rank's BatchNorm statistics")
+      ->group(examples::kDistGroup);
   CLI11_PARSE(app, argc, argv);
 
   const examples::RunPlace place =
