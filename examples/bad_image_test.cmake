@@ -1,7 +1,8 @@
 # CTest script: resnet50_amp --data on a generated ImageFolder holding one
 # truncated JPEG. Without --skip-bad-images the run ends with exit status 1
-# and one line naming the file (no abort, no backtrace); with it, the run
-# ends normally and says it skipped one training image.
+# and one line naming the file and the flag that would skip it (no abort, no
+# backtrace); with it, the run ends normally and says it skipped one training
+# image, and which.
 #
 #   cmake -DPYTHON=<python with Pillow> -DORACLE=<tests/data/image_oracle.py>
 #         -DDATA=<folder> -DPROGRAM=... -DARGS=... -P bad_image_test.cmake
@@ -40,6 +41,10 @@ string(FIND "${err_line}" "\n" newline)
 if(NOT newline EQUAL -1 OR NOT err_line MATCHES "^resnet50_amp: .*img_0003\\.jpg")
   message(FATAL_ERROR "expected one line naming the file, got:\n${err}")
 endif()
+# The hint names the example's flag, not the library's option.
+if(NOT err_line MATCHES "--skip-bad-images" OR err_line MATCHES "skip_bad_images")
+  message(FATAL_ERROR "expected a hint naming --skip-bad-images, got:\n${err}")
+endif()
 if(err MATCHES "terminate called|Exception raised from|Traceback")
   message(FATAL_ERROR "an abort or a backtrace:\n${err}")
 endif()
@@ -50,6 +55,7 @@ execute_process(COMMAND "${PROGRAM}" ${ARGS} --skip-bad-images
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "--skip-bad-images: exit status ${rc}\n${out}\n${err}")
 endif()
-if(NOT out MATCHES "skipped: 1 training, 0 validation")
-  message(FATAL_ERROR "--skip-bad-images: no count of 1 skipped image:\n${out}")
+if(NOT out MATCHES "skipped: 1 training, 0 validation: [^\n]*img_0003\\.jpg")
+  message(FATAL_ERROR "--skip-bad-images: no count of 1 skipped image and "
+                      "its path:\n${out}")
 endif()

@@ -46,6 +46,33 @@ struct Precision {
   bool fp8 = false; // bf16 autocast + lamp::Fp8AutocastGuard (lamp/fp8.h)
 };
 
+/// ": a, b, c and 4 more" for the first `n` of `names`; "" for none.
+inline std::string first_few(const std::vector<std::string>& names, size_t n) {
+  std::string out;
+  for (size_t k = 0; k < names.size() && k < n; ++k) {
+    out += (k == 0 ? ": " : ", ") + names[k];
+  }
+  if (names.size() > n) {
+    out += " and " + std::to_string(names.size() - n) + " more";
+  }
+  return out;
+}
+
+/// `message` with the library's hints in the examples' words: where it
+/// names an API option that an example sets from a flag, the flag.
+inline std::string with_flag_hints(std::string message) {
+  static const std::pair<std::string, std::string> kHints[] = {
+      {"skip_bad_images(true)", "--skip-bad-images"},
+  };
+  for (const auto& [api, flag] : kHints) {
+    for (size_t at = message.find(api); at != std::string::npos;
+         at = message.find(api, at + flag.size())) {
+      message.replace(at, api.size(), flag);
+    }
+  }
+  return message;
+}
+
 /// Thrown by RunCheckpoints::resume (training.h) when the newest
 /// checkpoint is the run's last step: nothing is left to train.
 /// report_failure prints its message to stdout and returns 0 (no failure,
@@ -67,6 +94,7 @@ inline int report_failure(const char* program, const std::exception& e) {
   }
   const auto* error = dynamic_cast<const c10::Error*>(&e);
   std::string message = error ? error->what_without_backtrace() : e.what();
+  message = with_flag_hints(std::move(message));
   std::replace(message.begin(), message.end(), '\n', ' ');
   while (!message.empty() && message.back() == ' ') {
     message.pop_back();
@@ -267,7 +295,8 @@ inline double median(std::vector<double> values) {
 /// constructed with an empty path.
 class JsonLines {
  public:
-  using Value = std::variant<double, int64_t, bool, std::string>;
+  using Value = std::
+      variant<double, int64_t, bool, std::string, std::vector<std::string>>;
 
   explicit JsonLines(const std::string& path) {
     if (!path.empty()) {
@@ -298,6 +327,13 @@ class JsonLines {
         line << *i;
       } else if (const auto* b = std::get_if<bool>(&value)) {
         line << (*b ? "true" : "false");
+      } else if (
+          const auto* list = std::get_if<std::vector<std::string>>(&value)) {
+        line << "[";
+        for (size_t k = 0; k < list->size(); ++k) {
+          line << (k == 0 ? "" : ", ") << quote((*list)[k]);
+        }
+        line << "]";
       } else {
         line << quote(std::get<std::string>(value));
       }

@@ -115,9 +115,9 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
   app.add_flag(
          "--skip-bad-images",
          o.skip_bad_images,
-         "--data: skip images that cannot be decoded (counted per epoch) "
-         "instead of stopping; with --cuda-graph another image of the batch "
-         "takes a skipped one's place")
+         "--data: skip images that cannot be decoded (counted and listed per "
+         "epoch) instead of stopping; in training another image of the batch "
+         "takes a skipped one's place, so batches keep their size")
       ->group(examples::kDataGroup);
 }
 
@@ -126,6 +126,7 @@ struct Accuracy {
   double top1 = 0;
   double top5 = 0;
   int64_t skipped = 0; // validation images that could not be decoded
+  std::vector<std::string> skipped_paths; // their files
 };
 
 class ImageData {
@@ -138,7 +139,6 @@ class ImageData {
       torch::Dtype dtype,
       bool channels_last,
       int64_t seed,
-      bool full_batches,
       const std::shared_ptr<lamp::dist::ProcessGroup>& pg)
       : pg_(pg), train_set_(o.dir + "/train"), val_set_(o.dir + "/val") {
     const int64_t rank = pg ? pg->rank() : 0;
@@ -166,14 +166,15 @@ class ImageData {
             .rank(rank)
             .world_size(world)
             .seed(static_cast<uint64_t>(seed));
-    // NOTE: full batches only in training (drop_last; and with a CUDA
-    // graph, whose static inputs have one size, a skipped image's row holds
-    // another image of the batch), so that every step takes one batch and
-    // the loader's position follows the step; validation sees every image.
+    // NOTE: full batches only in training (drop_last, and a skipped
+    // image's row holding another image of the batch), so that every step
+    // takes one batch and the loader's position follows the step, a CUDA
+    // graph's static inputs keep their size, and no skipped image leaves
+    // BatchNorm a batch of one; validation sees every image.
     train_.emplace(
         train_set_,
         lamp::data::ImageLoaderOptions(base).drop_last(true).replace_bad_images(
-            full_batches));
+            true));
     // Validation starts again at epoch 0 each time: nothing to prepare
     // ahead of it.
     val_.emplace(
@@ -236,6 +237,10 @@ class ImageData {
   int64_t skipped() const {
     return train_->skipped_images();
   }
+  /// Their files.
+  std::vector<std::string> skipped_paths() const {
+    return train_->skipped_paths();
+  }
 
   /// Accuracy of `forward` (logits) on the validation set, over all ranks.
   Accuracy evaluate(
@@ -255,7 +260,7 @@ class ImageData {
       counts = counts.defined() ? counts + c : c;
     }
     if (!counts.defined()) {
-      return {0, 0, val_->skipped_images()};
+      return {0, 0, val_->skipped_images(), val_->skipped_paths()};
     }
     counts = counts.to(torch::kDouble);
     if (pg_) {
@@ -266,7 +271,8 @@ class ImageData {
     return {
         100.0 * c[0].item<double>() / total,
         100.0 * c[1].item<double>() / total,
-        val_->skipped_images()};
+        val_->skipped_images(),
+        val_->skipped_paths()};
   }
 
  private:

@@ -164,7 +164,6 @@ Result train(
         precision.amp ? precision.dtype : torch::kFloat,
         opt.channels_last,
         opt.seed,
-        /*full_batches=*/opt.cuda_graph,
         pg);
     if (print) {
       std::printf(
@@ -346,16 +345,22 @@ Result train(
         return model->forward(x);
       });
       model->train();
+      auto skipped = data->skipped_paths();
+      skipped.insert(
+          skipped.end(),
+          accuracy.skipped_paths.begin(),
+          accuracy.skipped_paths.end());
       if (print) {
         std::printf(
             "resnet50_amp: epoch %lld: validation top-1 %.2f %%, top-5 "
             "%.2f %% (images that could not be decoded, skipped: %lld "
-            "training, %lld validation)\n",
+            "training, %lld validation%s)\n",
             static_cast<long long>(epoch),
             accuracy.top1,
             accuracy.top5,
             static_cast<long long>(data->skipped()),
-            static_cast<long long>(accuracy.skipped));
+            static_cast<long long>(accuracy.skipped),
+            examples::first_few(skipped, 3).c_str());
       }
       metrics.write(
           {{"kind", std::string("epoch")},
@@ -363,7 +368,8 @@ Result train(
            {"epoch", epoch},
            {"step", step},
            {"top1", accuracy.top1},
-           {"top5", accuracy.top5}});
+           {"top5", accuracy.top5},
+           {"skipped_paths", skipped}});
     }
     if (data) {
       data_epoch = step / data->steps_per_epoch();

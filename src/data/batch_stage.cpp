@@ -371,7 +371,7 @@ std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
     if (problem.empty()) {
       slot.state[r] = RowState::kDecoded;
     } else {
-      TORCH_CHECK(options.skip_bad_images(), problem);
+      TORCH_CHECK(options.skip_bad_images(), problem, kSkipAdvice);
       slot.state[r] = RowState::kBad;
       slot.problem[r] = std::move(problem);
     }

@@ -22,6 +22,12 @@
 
 namespace lamp::data::detail {
 
+// The end of a decode error when the loader does not skip bad images: the
+// option that would. (Not in the reasons themselves: a skipped image's
+// reason goes to the warning, where the option is already set.)
+inline constexpr const char* kSkipAdvice =
+    "; or skip such files with skip_bad_images(true)";
+
 // What a decode thread left in a row of a slot.
 enum class RowState : uint8_t {
   kDecoded, // the row's transformed pixels are in the slot's host pixels

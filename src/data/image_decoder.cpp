@@ -32,7 +32,7 @@ std::string bad_file(
       library,
       ": ",
       why,
-      "); replace or remove the file, or set skip_bad_images");
+      "); replace or remove the file");
 }
 
 } // namespace
@@ -87,7 +87,7 @@ std::string read_image_header(
         " pixels, more than the ",
         kMaxImagePixels,
         " lamp decodes (Pillow's decompression-bomb limit); shrink the "
-        "image, or remove it, or set skip_bad_images");
+        "image, or remove it");
   }
   return {};
 }

@@ -343,7 +343,8 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
     if (!valid) {
       message +=
           "Supported extensions are: " + join_names(options.extensions()) +
-          ". ";
+          " (lamp's loader decodes " +
+          join_names(decodable_image_extensions()) + " of them). ";
     }
     TORCH_CHECK(
         false,

@@ -137,7 +137,7 @@ bool ImageLoader::Impl::decode_row(
     data.state[row] = RowState::kDecoded;
     return true;
   }
-  TORCH_CHECK(options.skip_bad_images(), problem);
+  TORCH_CHECK(options.skip_bad_images(), problem, detail::kSkipAdvice);
   data.state[row] = RowState::kBad;
   data.problem[row] = std::move(problem);
   return false;
