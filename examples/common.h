@@ -46,6 +46,11 @@ struct Precision {
   bool fp8 = false; // bf16 autocast + lamp::Fp8AutocastGuard (lamp/fp8.h)
 };
 
+/// "1 step", "5 steps": `n` and `noun`, plural unless n is 1.
+inline std::string count(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 /// ": a, b, c and 4 more" for the first `n` of `names`; "" for none.
 inline std::string first_few(const std::vector<std::string>& names, size_t n) {
   std::string out;

@@ -242,6 +242,42 @@ inline void step_optimizer(
   scaler.update();
 }
 
+/// Counts the steps the loss scaler skipped (inf/NaN gradients) on the
+/// device: no host sync, and no allocation after the first step, until
+/// count(). Steps this process ran (a resumed run's earlier steps are not
+/// counted).
+class SkippedSteps {
+ public:
+  /// After a step that ran scaler.update() (eagerly or in a graph replay).
+  void add(const lamp::GradScaler& scaler) {
+    const auto& found = scaler.get_found_inf_async();
+    if (!found.defined()) {
+      return; // a disabled scaler skips nothing
+    }
+    if (!count_.defined()) {
+      count_ = torch::zeros({}, found.options());
+      skipped_ = torch::empty({}, found.options());
+    }
+    at::gt_out(skipped_, found, 0);
+    count_.add_(skipped_);
+  }
+  int64_t count() const {
+    return count_.defined() ? static_cast<int64_t>(count_.item<double>()) : 0;
+  }
+  /// ", the loss scaler skipped N of M steps (inf/NaN gradients)" when N >
+  /// 0, else "".
+  std::string says(int64_t steps) const {
+    const int64_t n = count();
+    return n == 0 ? std::string()
+                  : "the loss scaler skipped " + std::to_string(n) + " of " +
+            std::to_string(steps) + (steps == 1 ? " step" : " steps") +
+            " (inf/NaN gradients; the scale backs off each time)";
+  }
+
+ private:
+  torch::Tensor count_, skipped_;
+};
+
 /// --checkpoint-dir, --checkpoint-every, --resume and --stop-after.
 class RunCheckpoints {
  public:

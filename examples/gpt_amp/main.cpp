@@ -282,6 +282,7 @@ int run(
   torch::Tensor loss;
   examples::Progress progress(opt.model, total, step, opt.log_every, print);
   int64_t done = 0;
+  examples::SkippedSteps skipped_steps;
   std::optional<examples::Trace> trace;
   const int64_t traced_steps = 3;
   while (step < total) {
@@ -300,6 +301,7 @@ int run(
                           .count();
     ++step;
     ++done;
+    skipped_steps.add(scaler);
     const double lr = optimizer.param_groups()[0].options().get_lr();
     if (schedule) {
       schedule->step();
@@ -348,6 +350,9 @@ int run(
   if (trace) {
     trace->stop();
   }
+  if (print && skipped_steps.count() > 0) {
+    std::printf("gpt_amp: %s\n", skipped_steps.says(done).c_str());
+  }
 
   const double median_ms = examples::median(step_ms);
   const double tokens_s = tokens_per_step * 1000.0 / median_ms;
@@ -371,7 +376,8 @@ int run(
        {"mfu", mfu},
        {"peak_memory_gib", peak / double(int64_t{1} << 30)},
        {"final_loss", final_loss},
-       {"final_scale", scaler.get_scale()}});
+       {"final_scale", scaler.get_scale()},
+       {"skipped_steps", skipped_steps.count()}});
   if (print) {
     std::printf(
         "\n%-12s %-9s %10s %12s %7s %10s %10s\n",

@@ -251,6 +251,7 @@ Result train(
   const auto throughput =
       examples::per_second(double(world_size * opt.batch_size), "images");
   int64_t done = 0; // steps run by this process
+  examples::SkippedSteps skipped_steps;
   double total_ms = 0;
   for (int64_t epoch = step / steps_per_epoch + 1; epoch <= opt.epochs;
        ++epoch) {
@@ -282,6 +283,7 @@ Result train(
       loss_sum += loss;
       ++step;
       ++done;
+      skipped_steps.add(scaler);
       if (schedule) {
         schedule->step();
       }
@@ -347,6 +349,10 @@ Result train(
   result.images_per_s =
       done > 0 ? world_size * opt.batch_size * done * 1000.0 / total_ms : NAN;
   result.final_scale = scaler.get_scale();
+  if (print && skipped_steps.count() > 0) {
+    std::printf(
+        "[%s] %s\n", precision.name.c_str(), skipped_steps.says(done).c_str());
+  }
   metrics.write(
       {{"kind", std::string("summary")},
        {"model", std::string("mlp")},
@@ -360,7 +366,8 @@ Result train(
        {"test_accuracy", result.accuracy},
        {"peak_memory_bytes", examples::peak_memory_bytes(device)},
        {"final_loss", result.final_loss},
-       {"final_scale", result.final_scale}});
+       {"final_scale", result.final_scale},
+       {"skipped_steps", skipped_steps.count()}});
   return result;
 }
 

@@ -274,6 +274,7 @@ Result train(
   const auto throughput =
       examples::per_second(double(world_size * opt.batch_size), "images");
   int64_t done = 0; // steps run by this process
+  examples::SkippedSteps skipped_steps;
   int64_t logged_gpu = 0; // the loader's counts at the last step record
   int64_t logged_cpu = 0;
   while (step < total_steps) {
@@ -301,6 +302,7 @@ Result train(
                           .count();
     ++step;
     ++done;
+    skipped_steps.add(scaler);
     if (schedule) {
       schedule->step();
     }
@@ -317,7 +319,7 @@ Result train(
           {"kind", std::string("step")},
           {"model", std::string("resnet50")},
           {"precision", precision.name},
-          {"step", timed},
+          {"step", step}, // as the progress line counts
           {"loss", loss.item<double>()},
           {"scale", scaler.get_scale()},
           {"lr", optimizer.param_groups()[0].options().get_lr()},
@@ -389,6 +391,10 @@ Result train(
   if (trace) {
     trace->stop();
   }
+  if (print && skipped_steps.count() > 0) {
+    std::printf(
+        "[%s] %s\n", precision.name.c_str(), skipped_steps.says(done).c_str());
+  }
   result.median_ms = examples::median(step_ms);
   result.images_per_s = world_size * opt.batch_size * 1000.0 / result.median_ms;
   result.peak_bytes = examples::peak_memory_bytes(device);
@@ -413,7 +419,8 @@ Result train(
        {"images_per_s", result.images_per_s},
        {"peak_memory_bytes", result.peak_bytes},
        {"final_loss", result.final_loss},
-       {"final_scale", result.final_scale}});
+       {"final_scale", result.final_scale},
+       {"skipped_steps", skipped_steps.count()}});
   return result;
 }
 
@@ -559,11 +566,6 @@ int main(int argc, char** argv) {
   const torch::Device& device = place.device;
   const bool cuda = device.is_cuda();
   const bool print = examples::rank(pg) == 0;
-  if (!cuda && print) {
-    std::cout << "resnet50_amp: no GPU in use: a small CPU run (bf16 "
-                 "autocast, batch 4, 64x64, 5 steps unless flags say "
-                 "otherwise)\n";
-  }
   if (opt.precision.empty()) {
     opt.precision = cuda ? "all" : "bf16";
   }
@@ -591,14 +593,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (print) {
+    // NOTE: after the flags are checked, and what is in effect: the CPU's
+    // defaults are smaller than the GPU's.
+    if (!cuda) {
+      std::cout << "resnet50_amp: no GPU in use, so a small run on the CPU "
+                   "(its defaults: bf16, batch 4, 64x64, 5 steps)\n";
+    }
+    const int64_t all = opt.steps + opt.warmup;
     std::cout << lamp::build_info() << "\n"
-              << "resnet50_amp: batch " << opt.batch_size << ", "
-              << opt.image_size << "x" << opt.image_size
+              << "resnet50_amp: " << opt.precision << ", batch "
+              << opt.batch_size << ", " << opt.image_size << "x"
+              << opt.image_size
               << (opt.channels_last ? ", channels-last" : ", NCHW") << ", "
-              << (opt.data.dir.empty() ? std::to_string(opt.steps) +
-                          " steps (+" + std::to_string(opt.warmup) + " warm-up)"
-                                       : std::to_string(opt.data.epochs) +
-                          " epochs of " + opt.data.dir)
+              << (opt.data.dir.empty()
+                      ? examples::count(all, "step") + " (" +
+                          std::to_string(opt.warmup) + " warm-up, then " +
+                          std::to_string(opt.steps) + " timed)"
+                      : examples::count(opt.data.epochs, "epoch") + " of " +
+                          opt.data.dir)
               << " on " << device << "\n";
     if (pg) {
       std::cout << "resnet50_amp: DDP over " << pg->world_size()
