@@ -260,6 +260,10 @@ def main():
             state = torch.load(args.init, map_location="cpu", weights_only=True)["model"]
         except Exception as e:  # torch.load raises many kinds; the first line says why
             fail(f"cannot read the weights in {args.init}: {str(e).splitlines()[0]}")
+        # Delayed FP8 scaling's buffers (gpt_amp --precision fp8) have no
+        # place in this model.
+        state = {k: v for k, v in state.items()
+                 if not k.endswith(("fp8_amax_history", "fp8_scale"))}
         # A checkpoint may name the tied weight once.
         for a, b in (("wte.weight", "lm_head.weight"), ("lm_head.weight", "wte.weight")):
             if a in state and b not in state:

@@ -169,6 +169,18 @@ int run(
   gpt::Gpt model(config);
   model->recompute_blocks = recompute_blocks;
   model->to(device);
+  // --fp8-scaling delayed: the layers' amax histories and scales are
+  // buffers, made now so that a checkpoint holding them loads and DDP
+  // broadcasts them with the others (every rank then scales alike).
+  const auto fp8_recipe =
+      lamp::Fp8Recipe()
+          .scaling(
+              opt.fp8_scaling == "delayed" ? lamp::Fp8Scaling::kDelayed
+                                           : lamp::Fp8Scaling::kCurrent)
+          .amax_history_len(opt.fp8_amax_history);
+  if (precision.fp8) {
+    lamp::init_fp8_state(*model, fp8_recipe);
+  }
   std::optional<lamp::DistributedDataParallel> ddp;
   if (pg) {
     ddp.emplace(model.ptr(), pg);
@@ -182,17 +194,6 @@ int run(
       lamp::GradScalerOptions().enabled(precision.name == "fp16"));
   const auto schedule =
       examples::make_schedule(optimizer, opt.run, total, opt.cuda_graph);
-  // --fp8-scaling delayed: the layers' amax histories and scales are
-  // buffers, made now so that a checkpoint holding them loads.
-  const auto fp8_recipe =
-      lamp::Fp8Recipe()
-          .scaling(
-              opt.fp8_scaling == "delayed" ? lamp::Fp8Scaling::kDelayed
-                                           : lamp::Fp8Scaling::kCurrent)
-          .amax_history_len(opt.fp8_amax_history);
-  if (precision.fp8) {
-    lamp::init_fp8_state(*model, fp8_recipe);
-  }
   int64_t step = 0;
   auto state = examples::run_state(*model, optimizer, scaler, step, schedule);
   if (!opt.save_init.empty()) {
