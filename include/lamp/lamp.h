@@ -16,14 +16,6 @@
 #include <lamp/fp8.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/lr_scheduler.h>
-#include <lamp/nn/add_layer_norm.h>
-#include <lamp/nn/avg_pool.h>
-#include <lamp/nn/batch_count.h>
-#include <lamp/nn/batch_norm_act.h>
-#include <lamp/nn/conv_shortcut.h>
-#include <lamp/nn/linear.h>
-#include <lamp/nn/linear_cross_entropy.h>
-#include <lamp/nn/max_pool.h>
-#include <lamp/nn/space_to_depth_conv.h>
+#include <lamp/nn.h>
 #include <lamp/optim.h>
 #include <lamp/state_dict.h>

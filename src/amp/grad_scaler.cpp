@@ -1,7 +1,7 @@
 #include <lamp/grad_scaler.h>
 
 #include <lamp/config.h>
-#include <lamp/distributed.h>
+#include <lamp/dist/process_group.h>
 #include <lamp/optim.h>
 
 #include "../optim/fused_clip_grad.h"

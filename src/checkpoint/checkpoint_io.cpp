@@ -2,7 +2,7 @@
 
 #include <lamp/checkpoint.h>
 
-#include <lamp/distributed.h>
+#include <lamp/dist/process_group.h>
 
 #include "archive.h"
 #include "files.h"

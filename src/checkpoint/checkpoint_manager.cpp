@@ -3,7 +3,7 @@
 
 #include <lamp/checkpoint.h>
 
-#include <lamp/distributed.h>
+#include <lamp/dist/process_group.h>
 
 #include "files.h"
 #include "save.h"
