@@ -6,8 +6,8 @@
 
 #include "archive.h"
 #include "files.h"
+#include "python_state.h"
 #include "save.h"
-#include "state_dict.h"
 
 #include <c10/util/Exception.h>
 #include <torch/serialize.h>

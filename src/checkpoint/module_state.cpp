@@ -1,4 +1,4 @@
-#include "state_dict.h"
+#include "python_state.h"
 
 #include <ATen/core/Dict.h>
 #include <c10/util/Exception.h>

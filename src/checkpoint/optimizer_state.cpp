@@ -5,7 +5,7 @@
 // load side by side, so that the three stay in step per optimizer.
 
 #include "../optim/unique_params.h"
-#include "state_dict.h"
+#include "python_state.h"
 
 #include <lamp/optim.h>
 

@@ -2,7 +2,7 @@
 
 #include <lamp/config.h>
 
-#include "state_dict.h"
+#include "python_state.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>

@@ -1,6 +1,6 @@
 #pragma once
 
-// Internal: modules and optimizers as Python's `state_dict()`s (nested
+// Internal: modules, optimizers and the RNG as Python's `state_dict()`s (nested
 // dicts of CPU tensors and numbers), and back.
 //
 // Loading is two-phase so that a bad checkpoint changes nothing: `check_*`
