@@ -75,6 +75,23 @@ inline constexpr const char* kCheckpointGroup = "Checkpoints";
 inline constexpr const char* kOutputGroup = "Output";
 inline constexpr const char* kDistGroup = "Distributed";
 
+/// --precision (one of `choices`, described by `help`) and --device (auto,
+/// cpu or cuda), in the help's "Precision and speed" group.
+inline void add_precision_flags(
+    CLI::App& app,
+    std::string& precision,
+    std::string& device,
+    const std::vector<std::string>& choices,
+    const std::string& help) {
+  app.add_option("--precision", precision, help)
+      ->check(CLI::IsMember(choices))
+      ->group(kSpeedGroup);
+  app.add_option("--device", device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str()
+      ->group(kSpeedGroup);
+}
+
 /// --ddp and --dist-timeout, in the help's "Distributed" group.
 inline void add_dist_flags(CLI::App& app, DistFlags& f) {
   app.add_flag(

@@ -483,13 +483,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str()
       ->group(model);
-  app.add_option(
-         "--precision",
-         opt.precision,
-         "fp32, fp16 (with loss scaling), bf16 (default), or fp8 (bf16 with "
-         "the blocks' GEMMs in FP8; Hopper/Ada on a GPU)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "fp8"}))
-      ->group(speed);
+  examples::add_precision_flags(
+      app,
+      opt.precision,
+      opt.device,
+      {"fp32", "fp16", "bf16", "fp8"},
+      "fp32, fp16 (with loss scaling), bf16 (default), or fp8 (bf16 with the "
+      "blocks' GEMMs in FP8; Hopper/Ada on a GPU)");
   app.add_option(
          "--fp8-scaling",
          opt.fp8_scaling,
@@ -504,10 +504,6 @@ int main(int argc, char** argv) {
          opt.fp8_amax_history,
          "--fp8-scaling delayed: amaxes kept per tensor")
       ->check(examples::Positive)
-      ->capture_default_str()
-      ->group(speed);
-  app.add_option("--device", opt.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str()
       ->group(speed);
   app.add_flag(

@@ -378,16 +378,12 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train an MLP 784-512-10 on Fashion-MNIST with automatic mixed "
       "precision (lamp)"};
-  app.add_option(
-         "--precision",
-         opt.precision,
-         "fp32, fp16, bf16 or all (default: fp16 on CUDA, bf16 on the CPU)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "all"}))
-      ->group(examples::kSpeedGroup);
-  app.add_option("--device", opt.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str()
-      ->group(examples::kSpeedGroup);
+  examples::add_precision_flags(
+      app,
+      opt.precision,
+      opt.device,
+      {"fp32", "fp16", "bf16", "all"},
+      "fp32, fp16, bf16 or all (default: fp16 on CUDA, bf16 on the CPU)");
   app.add_flag(
          "--cuda-graph",
          opt.cuda_graph,

@@ -98,6 +98,30 @@ struct LAMP_API FusedAdamParamState
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
+namespace detail {
+
+/// FusedAdam's and FusedAdamW's one implementation: `Options` is
+/// torch::optim::AdamOptions (L2 weight decay, `at::_fused_adam_`) or
+/// AdamWOptions (decoupled, `at::_fused_adamw_`).
+template <typename Options>
+class LAMP_API FusedAdamBase : public FusedOptimizer {
+ public:
+  FusedAdamBase(
+      const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+      Options defaults);
+
+  void step_scaled(
+      const std::optional<torch::Tensor>& grad_scale,
+      const std::optional<torch::Tensor>& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+extern template class FusedAdamBase<torch::optim::AdamOptions>;
+extern template class FusedAdamBase<torch::optim::AdamWOptions>;
+
+} // namespace detail
+
 /// Adam on `at::_fused_adam_`: one kernel per device and dtype, as Python's
 /// `torch.optim.Adam(fused=True)`. Options and defaults are
 /// `torch::optim::AdamOptions`. Parameters must be floating point on CPU or
@@ -108,23 +132,19 @@ struct LAMP_API FusedAdamParamState
 ///   lamp::optim::FusedAdam optimizer(
 ///       model->parameters(), torch::optim::AdamOptions(1e-4));
 /// \endcode
-class LAMP_API FusedAdam : public FusedOptimizer {
+class LAMP_API FusedAdam
+    : public detail::FusedAdamBase<torch::optim::AdamOptions> {
  public:
   explicit FusedAdam(
       const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-      torch::optim::AdamOptions defaults = {});
+      torch::optim::AdamOptions defaults = {})
+      : FusedAdamBase(param_groups, std::move(defaults)) {}
   explicit FusedAdam(
       std::vector<torch::Tensor> params,
       torch::optim::AdamOptions defaults = {})
       : FusedAdam(
             {torch::optim::OptimizerParamGroup(std::move(params))},
             std::move(defaults)) {}
-
-  void step_scaled(
-      const std::optional<torch::Tensor>& grad_scale,
-      const std::optional<torch::Tensor>& found_inf) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
 };
 
 /// AdamW (decoupled weight decay) on `at::_fused_adamw_`, as Python's
@@ -135,23 +155,19 @@ class LAMP_API FusedAdam : public FusedOptimizer {
 /// \code
 ///   lamp::optim::FusedAdamW optimizer(model->parameters());
 /// \endcode
-class LAMP_API FusedAdamW : public FusedOptimizer {
+class LAMP_API FusedAdamW
+    : public detail::FusedAdamBase<torch::optim::AdamWOptions> {
  public:
   explicit FusedAdamW(
       const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-      torch::optim::AdamWOptions defaults = {});
+      torch::optim::AdamWOptions defaults = {})
+      : FusedAdamBase(param_groups, std::move(defaults)) {}
   explicit FusedAdamW(
       std::vector<torch::Tensor> params,
       torch::optim::AdamWOptions defaults = {})
       : FusedAdamW(
             {torch::optim::OptimizerParamGroup(std::move(params))},
             std::move(defaults)) {}
-
-  void step_scaled(
-      const std::optional<torch::Tensor>& grad_scale,
-      const std::optional<torch::Tensor>& found_inf) override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
 };
 
 /// SGD with momentum, dampening, Nesterov and weight decay on

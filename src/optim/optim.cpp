@@ -16,6 +16,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace lamp::optim {
 namespace {
@@ -324,57 +325,45 @@ void FusedAdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
 }
 
-FusedAdam::FusedAdam(
+namespace detail {
+
+template <typename Options>
+FusedAdamBase<Options>::FusedAdamBase(
     const std::vector<OptimizerParamGroup>& param_groups,
-    torch::optim::AdamOptions defaults)
-    : FusedOptimizer(
-          param_groups,
-          std::make_unique<torch::optim::AdamOptions>(defaults)) {
+    Options defaults)
+    : FusedOptimizer(param_groups, std::make_unique<Options>(defaults)) {
   check_adam_options(defaults);
 }
 
-void FusedAdam::step_scaled(
+template <typename Options>
+void FusedAdamBase<Options>::step_scaled(
     const std::optional<torch::Tensor>& grad_scale,
     const std::optional<torch::Tensor>& found_inf) {
-  fused_adam_step<torch::optim::AdamOptions>(
-      *this, false, "lamp::optim::FusedAdam", grad_scale, found_inf);
+  constexpr bool kDecoupled =
+      std::is_same_v<Options, torch::optim::AdamWOptions>;
+  fused_adam_step<Options>(
+      *this,
+      kDecoupled,
+      kDecoupled ? "lamp::optim::FusedAdamW" : "lamp::optim::FusedAdam",
+      grad_scale,
+      found_inf);
 }
 
-void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(
-      archive, *this);
+template <typename Options>
+void FusedAdamBase<Options>::save(
+    torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamParamState, Options>(archive, *this);
 }
 
-void FusedAdam::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamOptions>(
-      archive, *this);
+template <typename Options>
+void FusedAdamBase<Options>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamParamState, Options>(archive, *this);
 }
 
-FusedAdamW::FusedAdamW(
-    const std::vector<OptimizerParamGroup>& param_groups,
-    torch::optim::AdamWOptions defaults)
-    : FusedOptimizer(
-          param_groups,
-          std::make_unique<torch::optim::AdamWOptions>(defaults)) {
-  check_adam_options(defaults);
-}
+template class LAMP_API FusedAdamBase<torch::optim::AdamOptions>;
+template class LAMP_API FusedAdamBase<torch::optim::AdamWOptions>;
 
-void FusedAdamW::step_scaled(
-    const std::optional<torch::Tensor>& grad_scale,
-    const std::optional<torch::Tensor>& found_inf) {
-  fused_adam_step<torch::optim::AdamWOptions>(
-      *this, true, "lamp::optim::FusedAdamW", grad_scale, found_inf);
-}
-
-void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(
-      archive, *this);
-}
-
-void FusedAdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<FusedAdamParamState, torch::optim::AdamWOptions>(
-      archive, *this);
-}
+} // namespace detail
 
 FusedSGD::FusedSGD(
     const std::vector<OptimizerParamGroup>& param_groups,
