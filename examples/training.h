@@ -92,6 +92,21 @@ inline void add_precision_flags(
       ->group(kSpeedGroup);
 }
 
+/// --log-every (`help` says what it paces) and --metrics, in the help's
+/// "Output" group.
+inline void add_log_flags(
+    CLI::App& app,
+    int64_t& log_every,
+    std::string& metrics,
+    const std::string& help) {
+  app.add_option("--log-every", log_every, help)
+      ->check(Positive)
+      ->capture_default_str()
+      ->group(kOutputGroup);
+  app.add_option("--metrics", metrics, "write JSON lines to this file")
+      ->group(kOutputGroup);
+}
+
 /// --ddp and --dist-timeout, in the help's "Distributed" group.
 inline void add_dist_flags(CLI::App& app, DistFlags& f) {
   app.add_flag(

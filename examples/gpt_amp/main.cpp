@@ -584,7 +584,8 @@ int main(int argc, char** argv) {
   app.add_option(
          "--eval-every",
          opt.eval_every,
-         "steps between validation losses (0: only at the end; needs --val-data)")
+         "steps between validation losses (0: only at the end; needs "
+         "--val-data)")
       ->check(examples::NonNegative)
       ->capture_default_str()
       ->group(loop);
@@ -605,15 +606,11 @@ int main(int argc, char** argv) {
          "else 0)")
       ->check(examples::NonNegative)
       ->group(output);
-  app.add_option(
-         "--log-every",
-         opt.log_every,
-         "steps between progress and metrics lines")
-      ->check(examples::Positive)
-      ->capture_default_str()
-      ->group(output);
-  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
-      ->group(output);
+  examples::add_log_flags(
+      app,
+      opt.log_every,
+      opt.metrics,
+      "steps between progress and metrics lines");
   app.add_option(
          "--max-loss",
          opt.max_loss,

@@ -412,12 +412,8 @@ int main(int argc, char** argv) {
       ->group(examples::kLoopGroup);
   opt.run.lr_schedule = "linear";
   examples::add_run_flags(app, opt.run);
-  app.add_option("--log-every", opt.log_every, "steps between metrics lines")
-      ->check(examples::Positive)
-      ->capture_default_str()
-      ->group(examples::kOutputGroup);
-  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
-      ->group(examples::kOutputGroup);
+  examples::add_log_flags(
+      app, opt.log_every, opt.metrics, "steps between metrics lines");
   app.add_option(
          "--min-accuracy",
          opt.min_accuracy,

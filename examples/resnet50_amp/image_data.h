@@ -102,9 +102,9 @@ inline void add_data_flags(CLI::App& app, DataOptions& o) {
   app.add_flag(
          "--dct-downscale",
          o.dct_downscale,
-         "--data: decode a JPEG whose crop is >= 2x the input reduced in the DCT "
-         "domain (as Pillow's draft(); faster on large images, pixels differ "
-         "from torchvision's)")
+         "--data: decode a JPEG whose crop is >= 2x the input reduced in the "
+         "DCT domain (as Pillow's draft(); faster on large images, pixels "
+         "differ from torchvision's)")
       ->group(examples::kDataGroup);
   app.add_flag(
          "--gpu-resize",

@@ -437,10 +437,10 @@ int main(int argc, char** argv) {
       app.add_flag(
              "--fused-bn",
              opt.fused_bn,
-             "GPU only: BatchNorm (+ residual add) + ReLU as lamp::nn::BatchNormAct2d: "
-             "cuDNN's fused kernels for CUDA channels-last fp16/bf16 training, the "
-             "same unfused ops elsewhere (default: on for CUDA channels-last "
-             "fp16/bf16)")
+             "GPU only: BatchNorm (+ residual add) + ReLU as "
+             "lamp::nn::BatchNormAct2d: cuDNN's fused kernels for CUDA "
+             "channels-last fp16/bf16 training, the same unfused ops elsewhere "
+             "(default: on for CUDA channels-last fp16/bf16)")
           ->group(examples::kModelGroup);
   app.add_flag(
          "--no-fused-bn",
@@ -452,10 +452,10 @@ int main(int argc, char** argv) {
       app.add_flag(
              "--fused-tail",
              opt.fused_tail,
-             "GPU only: with the fused model, each bottleneck's last convolution, BatchNorm, "
-             "shortcut and ReLU as lamp::nn::conv_bn_add_relu (BatchNorm's "
-             "statistics from the convolutions' epilogues; default: on with the "
-             "fused model)")
+             "GPU only: with the fused model, each bottleneck's last "
+             "convolution, BatchNorm, shortcut and ReLU as "
+             "lamp::nn::conv_bn_add_relu (BatchNorm's statistics from the "
+             "convolutions' epilogues; default: on with the fused model)")
           ->group(examples::kModelGroup);
   app.add_flag(
          "--no-fused-tail",
@@ -467,10 +467,10 @@ int main(int argc, char** argv) {
       app.add_flag(
              "--s2d-stem",
              opt.s2d_stem,
-             "GPU only: the stem's convolution as lamp::nn::space_to_depth_conv2d (a stride-1 "
-             "convolution of the input's 2x2 space-to-depth; same result; default: "
-             "on with the fused model in bf16, where cuDNN's 3-channel kernels are "
-             "slow)")
+             "GPU only: the stem's convolution as "
+             "lamp::nn::space_to_depth_conv2d (a stride-1 convolution of the "
+             "input's 2x2 space-to-depth; same result; default: on with the "
+             "fused model in bf16, where cuDNN's 3-channel kernels are slow)")
           ->group(examples::kModelGroup);
   app.add_flag(
          "--no-s2d-stem",
@@ -487,21 +487,21 @@ int main(int argc, char** argv) {
   app.add_flag(
          "--cuda-graph",
          opt.cuda_graph,
-         "GPU only: capture the whole training step in a CUDA graph (lamp::GraphedStep) "
-         "and replay it")
+         "GPU only: capture the whole training step in a CUDA graph "
+         "(lamp::GraphedStep) and replay it")
       ->group(examples::kSpeedGroup);
   app.add_flag(
          "--no-cast-weights",
          opt.no_cast_weights,
-         "GPU only: let autocast cast each weight where it is used (default with the "
-         "fused model, single process: lamp::CastWeightsGuard casts them all "
-         "in one kernel)")
+         "GPU only: let autocast cast each weight where it is used (default "
+         "with the fused model, single process: lamp::CastWeightsGuard casts "
+         "them all in one kernel)")
       ->group(examples::kSpeedGroup);
   app.add_flag(
          "--cudnn-benchmark",
          opt.cudnn_benchmark,
-         "GPU only: let cuDNN time its convolution algorithms on first use and keep the "
-         "fastest (Python's torch.backends.cudnn.benchmark = True)")
+         "GPU only: let cuDNN time its convolution algorithms on first use and "
+         "keep the fastest (Python's torch.backends.cudnn.benchmark = True)")
       ->group(examples::kSpeedGroup);
   app.add_option("--image-size", opt.image_size, "default 224 (CPU: 64)")
       ->check(CLI::Range(32, 1024))
@@ -524,12 +524,8 @@ int main(int argc, char** argv) {
       ->group(examples::kLoopGroup);
   opt.run.lr_schedule = "constant";
   examples::add_run_flags(app, opt.run);
-  app.add_option("--log-every", opt.log_every, "steps between progress lines")
-      ->check(examples::Positive)
-      ->capture_default_str()
-      ->group(examples::kOutputGroup);
-  app.add_option("--metrics", opt.metrics, "write JSON lines to this file")
-      ->group(examples::kOutputGroup);
+  examples::add_log_flags(
+      app, opt.log_every, opt.metrics, "steps between progress lines");
   app.add_option(
          "--trace",
          opt.trace,
