@@ -14,6 +14,36 @@ namespace lamp::optim {
 /// A function of the step index (Python's `lr_lambda`).
 using LRLambda = std::function<double(int64_t)>;
 
+namespace detail {
+
+/// LambdaLR's and MultiplicativeLR's common part: one function per param
+/// group (one given for all, or a list of one per group, checked against
+/// the groups), not saved: `state_dict()["lr_lambdas"]` is a list of None,
+/// as Python's for plain functions.
+class LAMP_API LambdaScheduler : public LRScheduler {
+ public:
+  /// Python's `state_dict()` of this scheduler.
+  StateDict state_dict() const override;
+
+ protected:
+  /// `per_group`: `lr_lambdas` is the list of one per group; else its one
+  /// function serves every group.
+  LambdaScheduler(
+      torch::optim::Optimizer& optimizer,
+      std::vector<LRLambda> lr_lambdas,
+      bool per_group,
+      int64_t last_epoch);
+  std::function<void()> check_state_dict(
+      const c10::impl::GenericDict& state,
+      const std::string& where) override;
+  /// Throws unless there is one function per entry of `lrs`.
+  void check_count(size_t lrs, const char* what) const;
+
+  std::vector<LRLambda> lr_lambdas_;
+};
+
+} // namespace detail
+
 /// lr = initial_lr * lr_lambda(epoch), as Python's `LambdaLR`. One function
 /// for all groups or one per group. The functions themselves are not saved:
 /// `state_dict()["lr_lambdas"]` is a list of None, as Python's for plain
@@ -24,7 +54,7 @@ using LRLambda = std::function<double(int64_t)>;
 ///   lamp::optim::LambdaLR scheduler(
 ///       optimizer, [](int64_t epoch) { return std::pow(0.95, epoch); });
 /// \endcode
-class LAMP_API LambdaLR : public LRScheduler {
+class LAMP_API LambdaLR : public detail::LambdaScheduler {
  public:
   /// `lr_lambda` for every param group.
   LambdaLR(
@@ -41,17 +71,9 @@ class LAMP_API LambdaLR : public LRScheduler {
   std::string name() const override {
     return "LambdaLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
-
- private:
-  std::vector<LRLambda> lr_lambdas_;
 };
 
 /// lr = lr * lr_lambda(epoch) at every step after the first, as Python's
@@ -62,7 +84,7 @@ class LAMP_API LambdaLR : public LRScheduler {
 ///   lamp::optim::MultiplicativeLR scheduler(
 ///       optimizer, [](int64_t) { return 0.95; });
 /// \endcode
-class LAMP_API MultiplicativeLR : public LRScheduler {
+class LAMP_API MultiplicativeLR : public detail::LambdaScheduler {
  public:
   /// `lr_lambda` for every param group.
   MultiplicativeLR(
@@ -79,17 +101,9 @@ class LAMP_API MultiplicativeLR : public LRScheduler {
   std::string name() const override {
     return "MultiplicativeLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
 
  protected:
   std::vector<double> get_lr() override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
-
- private:
-  std::vector<LRLambda> lr_lambdas_;
 };
 
 /// Multiplies the learning rates by `factor` for the first `total_iters`

@@ -81,14 +81,53 @@ LRScheduler::StateDict with_lr_lambdas(
 
 } // namespace
 
+// ---------------------------------------------------------- LambdaScheduler
+
+namespace detail {
+
+LambdaScheduler::LambdaScheduler(
+    torch::optim::Optimizer& optimizer,
+    std::vector<LRLambda> lr_lambdas,
+    bool per_group,
+    int64_t last_epoch)
+    : LRScheduler(optimizer, last_epoch),
+      lr_lambdas_(
+          lambdas_per_group(optimizer, std::move(lr_lambdas), per_group)) {}
+
+LRScheduler::StateDict LambdaScheduler::state_dict() const {
+  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
+}
+
+std::function<void()> LambdaScheduler::check_state_dict(
+    const c10::impl::GenericDict& state,
+    const std::string& where) {
+  auto base = LRScheduler::check_state_dict(state, where);
+  check_lr_lambdas(StateReader(state, where), lr_lambdas_.size());
+  return base;
+}
+
+void LambdaScheduler::check_count(size_t lrs, const char* what) const {
+  TORCH_CHECK(
+      lr_lambdas_.size() == lrs,
+      name(),
+      ": ",
+      lr_lambdas_.size(),
+      " lr_lambdas for ",
+      lrs,
+      " ",
+      what);
+}
+
+} // namespace detail
+
 // ----------------------------------------------------------------- LambdaLR
 
+// NOTE: initial_step() in the most derived constructor: it calls get_lr().
 LambdaLR::LambdaLR(
     torch::optim::Optimizer& optimizer,
     LRLambda lr_lambda,
     int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      lr_lambdas_(lambdas_per_group(optimizer, {std::move(lr_lambda)}, false)) {
+    : LambdaScheduler(optimizer, {std::move(lr_lambda)}, false, last_epoch) {
   initial_step();
 }
 
@@ -96,37 +135,17 @@ LambdaLR::LambdaLR(
     torch::optim::Optimizer& optimizer,
     std::vector<LRLambda> lr_lambdas,
     int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      lr_lambdas_(lambdas_per_group(optimizer, std::move(lr_lambdas), true)) {
+    : LambdaScheduler(optimizer, std::move(lr_lambdas), true, last_epoch) {
   initial_step();
 }
 
 std::vector<double> LambdaLR::get_lr() {
-  TORCH_CHECK(
-      lr_lambdas_.size() == base_lrs_.size(),
-      name(),
-      ": ",
-      lr_lambdas_.size(),
-      " lr_lambdas for ",
-      base_lrs_.size(),
-      " base_lrs");
+  check_count(base_lrs_.size(), "base_lrs");
   std::vector<double> out;
   for (size_t i = 0; i < base_lrs_.size(); ++i) {
     out.push_back(base_lrs_[i] * lr_lambdas_[i](last_epoch_));
   }
   return out;
-}
-
-LRScheduler::StateDict LambdaLR::state_dict() const {
-  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
-}
-
-std::function<void()> LambdaLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  auto base = LRScheduler::check_state_dict(state, where);
-  check_lr_lambdas(detail::StateReader(state, where), lr_lambdas_.size());
-  return base;
 }
 
 // --------------------------------------------------------- MultiplicativeLR
@@ -135,8 +154,7 @@ MultiplicativeLR::MultiplicativeLR(
     torch::optim::Optimizer& optimizer,
     LRLambda lr_lambda,
     int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      lr_lambdas_(lambdas_per_group(optimizer, {std::move(lr_lambda)}, false)) {
+    : LambdaScheduler(optimizer, {std::move(lr_lambda)}, false, last_epoch) {
   initial_step();
 }
 
@@ -144,8 +162,7 @@ MultiplicativeLR::MultiplicativeLR(
     torch::optim::Optimizer& optimizer,
     std::vector<LRLambda> lr_lambdas,
     int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      lr_lambdas_(lambdas_per_group(optimizer, std::move(lr_lambdas), true)) {
+    : LambdaScheduler(optimizer, std::move(lr_lambdas), true, last_epoch) {
   initial_step();
 }
 
@@ -154,30 +171,11 @@ std::vector<double> MultiplicativeLR::get_lr() {
   if (is_initial_) {
     return lrs;
   }
-  TORCH_CHECK(
-      lr_lambdas_.size() == lrs.size(),
-      name(),
-      ": ",
-      lr_lambdas_.size(),
-      " lr_lambdas for ",
-      lrs.size(),
-      " param groups");
+  check_count(lrs.size(), "param groups");
   for (size_t i = 0; i < lrs.size(); ++i) {
     lrs[i] = lrs[i] * lr_lambdas_[i](last_epoch_);
   }
   return lrs;
-}
-
-LRScheduler::StateDict MultiplicativeLR::state_dict() const {
-  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
-}
-
-std::function<void()> MultiplicativeLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  auto base = LRScheduler::check_state_dict(state, where);
-  check_lr_lambdas(detail::StateReader(state, where), lr_lambdas_.size());
-  return base;
 }
 
 // --------------------------------------------------------------- ConstantLR
