@@ -3,7 +3,9 @@
 Usage: python3 tools/plot_metrics.py METRICS.jsonl [MORE.jsonl ...] --out DIR
 
 Writes, per model found in the files:
-  <model>_curves.png  loss and loss scale over steps, one line per precision
+  <model>_curves.png  loss, loss scale and throughput (images/s or tokens/s,
+                      where the records have it) over steps, one line per
+                      precision
   <model>_bars.png    step time and peak memory per precision (from the
                       summary lines), fp32 / fp16 / bf16 side by side
 Needs matplotlib.
@@ -40,8 +42,19 @@ def read(paths):
     return steps, summaries
 
 
+def throughput_key(per_precision):
+    """The records' throughput field (images_per_s or tokens_per_s), if any."""
+    for rows in per_precision.values():
+        for key in ("images_per_s", "tokens_per_s"):
+            if any(key in r for r in rows):
+                return key
+    return None
+
+
 def plot_curves(model, per_precision, out):
-    fig, (loss_ax, scale_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    rate = throughput_key(per_precision)
+    fig, axes = plt.subplots(1, 3 if rate else 2, figsize=(16 if rate else 11, 4))
+    loss_ax, scale_ax = axes[0], axes[1]
     for precision in sorted(per_precision, key=ORDER.index):
         rows = per_precision[precision]
         x = [r["step"] for r in rows]
@@ -49,10 +62,19 @@ def plot_curves(model, per_precision, out):
                      color=COLORS[precision])
         scale_ax.plot(x, [r["scale"] for r in rows], label=precision,
                       color=COLORS[precision])
+        if rate:
+            timed = [r for r in rows if rate in r]
+            axes[2].plot([r["step"] for r in timed], [r[rate] for r in timed],
+                         label=precision, color=COLORS[precision])
     loss_ax.set(title=f"{model}: training loss", xlabel="step", ylabel="loss")
     scale_ax.set(title=f"{model}: loss scale (GradScaler)", xlabel="step",
                  ylabel="scale", yscale="log")
-    for ax in (loss_ax, scale_ax):
+    if rate:
+        unit = rate.replace("_per_s", "")
+        axes[2].set(title=f"{model}: throughput", xlabel="step",
+                    ylabel=f"{unit} / s")
+        axes[2].set_ylim(bottom=0)
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -253,6 +253,10 @@ Result train(
   int64_t done = 0; // steps run by this process
   examples::SkippedSteps skipped_steps;
   double total_ms = 0;
+  // The metrics' throughput: images a second since the previous record (the
+  // record's loss.item() waits for the device, so the interval is real).
+  std::chrono::steady_clock::time_point logged_at;
+  int64_t logged_step = step;
   for (int64_t epoch = step / steps_per_epoch + 1; epoch <= opt.epochs;
        ++epoch) {
     // NOTE: as torch.utils.data.DistributedSampler(drop_last=True): every
@@ -272,6 +276,8 @@ Result train(
     }
     examples::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
+    logged_at = start; // the evaluation between epochs is not training time
+    logged_step = step;
     bool stop = false;
     for (int64_t b = first; b < steps_per_epoch && !stop; ++b) {
       const auto index =
@@ -294,14 +300,23 @@ Result train(
           },
           throughput);
       if (step % opt.log_every == 0) {
+        const double loss_value = loss.item<double>();
+        const auto now = std::chrono::steady_clock::now();
+        const double seconds =
+            std::chrono::duration<double>(now - logged_at).count();
+        const double images =
+            double(step - logged_step) * world_size * opt.batch_size;
+        logged_at = now;
+        logged_step = step;
         metrics.write(
             {{"kind", std::string("step")},
              {"model", std::string("mlp")},
              {"precision", precision.name},
              {"step", step},
-             {"loss", loss.item<double>()},
+             {"loss", loss_value},
              {"scale", scaler.get_scale()},
-             {"lr", optimizer.param_groups()[0].options().get_lr()}});
+             {"lr", optimizer.param_groups()[0].options().get_lr()},
+             {"images_per_s", seconds > 0 ? images / seconds : 0.0}});
       }
       stop = !checkpoints.after_step(state, step, total_steps, done);
     }
