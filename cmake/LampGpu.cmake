@@ -46,6 +46,17 @@ if(LAMP_WITH_CUDA AND NOT _lamp_cuda_ok)
     "lamp: LAMP_WITH_CUDA=ON but ${_lamp_cuda_why}. Use a CUDA LibTorch and "
     "toolkit, or configure with -DLAMP_WITH_CUDA=OFF.")
 endif()
+# cuBLASLt: GEMMs with GELU epilogues (lamp::nn::gelu_mlp). LibTorch's own
+# GEMMs use it, so every CUDA LibTorch comes with one.
+if(LAMP_WITH_CUDA)
+  find_package(CUBLASLT)
+  if(NOT CUBLASLT_FOUND)
+    message(FATAL_ERROR
+      "lamp: cuBLASLt was not found next to LibTorch (nvidia/cu13/lib) or in "
+      "the CUDA toolkit. Set CUBLASLT_ROOT to a folder with include/cublasLt.h "
+      "and lib/libcublasLt.so*, or configure with -DLAMP_WITH_CUDA=OFF.")
+  endif()
+endif()
 
 set(_lamp_nccl_ok OFF)
 if(LAMP_WITH_CUDA)
@@ -131,6 +142,9 @@ if(LAMP_WITH_CUDA)
                  "CUDA ${LAMP_TORCH_CUDA_VERSION})")
 else()
   message(STATUS "lamp: without CUDA (${_lamp_cuda_why})")
+endif()
+if(LAMP_WITH_CUDA)
+  message(STATUS "lamp: cuBLASLt (${CUBLASLT_LIBRARY})")
 endif()
 if(LAMP_WITH_NCCL)
   message(STATUS "lamp: NCCL ${NCCL_VERSION} (${NCCL_LIBRARY})")

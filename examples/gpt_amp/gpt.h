@@ -106,7 +106,9 @@ struct MlpImpl : torch::nn::Module {
     dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+    // c_proj(gelu(c_fc(x), "tanh")), the GELU in the GEMMs' epilogues on a
+    // GPU (lamp/nn/gelu_mlp.h).
+    return dropout(lamp::nn::gelu_mlp(x, c_fc, c_proj));
   }
   lamp::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};

@@ -32,33 +32,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// grad2d's column sums: lamp's kernel where it applies, else ATen's.
-at::Tensor bias_grad(const at::Tensor& grad2d) {
-  const auto dtype = grad2d.scalar_type();
-  const int64_t columns = grad2d.size(1);
-  if (at::GradMode::is_enabled() ||
-      (dtype != at::kHalf && dtype != at::kBFloat16) ||
-      !grad2d.is_contiguous() || columns % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(grad2d.const_data_ptr()) % 16 != 0) {
-    return grad2d.sum(0);
-  }
-  const c10::cuda::CUDAGuard guard(grad2d.device());
-  const int64_t rows = grad2d.size(0);
-  const auto f32 = grad2d.options().dtype(at::kFloat);
-  auto partials = at::empty({channel_sums_partial_floats(rows, columns)}, f32);
-  auto sum = at::empty({columns}, f32);
-  ChannelSumsArgs a;
-  a.dtype = dtype == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
-  a.rows = rows;
-  a.channels = columns;
-  a.x = grad2d.const_data_ptr();
-  a.partials = partials.mutable_data_ptr<float>();
-  a.sum = sum.mutable_data_ptr<float>();
-  C10_CUDA_CHECK(launch_channel_sums(
-      a, c10::cuda::getCurrentCUDAStream(grad2d.device().index())));
-  return sum.to(dtype);
-}
-
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static at::Tensor forward(
@@ -94,6 +67,32 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 };
 
 } // namespace
+
+at::Tensor bias_grad(const at::Tensor& grad2d) {
+  const auto dtype = grad2d.scalar_type();
+  const int64_t columns = grad2d.size(1);
+  if (at::GradMode::is_enabled() ||
+      (dtype != at::kHalf && dtype != at::kBFloat16) ||
+      !grad2d.is_contiguous() || columns % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(grad2d.const_data_ptr()) % 16 != 0) {
+    return grad2d.sum(0);
+  }
+  const c10::cuda::CUDAGuard guard(grad2d.device());
+  const int64_t rows = grad2d.size(0);
+  const auto f32 = grad2d.options().dtype(at::kFloat);
+  auto partials = at::empty({channel_sums_partial_floats(rows, columns)}, f32);
+  auto sum = at::empty({columns}, f32);
+  ChannelSumsArgs a;
+  a.dtype = dtype == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
+  a.rows = rows;
+  a.channels = columns;
+  a.x = grad2d.const_data_ptr();
+  a.partials = partials.mutable_data_ptr<float>();
+  a.sum = sum.mutable_data_ptr<float>();
+  C10_CUDA_CHECK(launch_channel_sums(
+      a, c10::cuda::getCurrentCUDAStream(grad2d.device().index())));
+  return sum.to(dtype);
+}
 
 bool linear_cuda_applies(
     const at::Tensor& input,

@@ -23,4 +23,10 @@ at::Tensor linear_cuda(
     const at::Tensor& weight,
     const at::Tensor& bias);
 
+/// A [rows, columns] gradient's column sums, as a linear layer's bias
+/// gradient: lamp's column-sum kernel for contiguous, 16-byte aligned
+/// fp16/bf16 with columns a multiple of 8 outside grad mode (Note [The bias
+/// gradient of a linear layer]), else ATen's sum(0). In the gradient's type.
+at::Tensor bias_grad(const at::Tensor& grad2d);
+
 } // namespace lamp::nn::detail

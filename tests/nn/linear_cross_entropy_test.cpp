@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -168,11 +169,13 @@ TEST(LinearCrossEntropy, BadInputIsAClearError) {
 
 class LinearCrossEntropyGpu : public lamp::test::GpuTest {};
 
-// lamp's kernel: 16-byte vectors where a row allows (1,024 classes), one
-// element at a time where not (1,001), in every dtype, several chunks.
+// lamp's kernels: a row held in registers where it fits in 16-byte vectors
+// (1,024 classes; 40,000 in fp16/bf16), two passes over 16-byte vectors
+// where it does not fit (40,000 in fp32), one element at a time where rows
+// are not vectors (1,001), in every dtype, several chunks.
 TEST_F(LinearCrossEntropyGpu, KernelEqualsAtensComposition) {
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
-    for (const int64_t classes : {1024, 1001}) {
+    for (const int64_t classes : {1024, 1001, 40000}) {
       SCOPED_TRACE(
           std::string(c10::toString(dtype)) + " " + std::to_string(classes));
       const auto p = problem({3, 100, 64}, classes, torch::kCUDA, dtype);
@@ -200,6 +203,15 @@ TEST_F(LinearCrossEntropyGpu, OutOfRangeTargetGivesANanLoss) {
   p.t[0] = 32;
   const auto loss = fused(p).loss;
   EXPECT_TRUE(std::isnan(loss.item<float>()));
+}
+
+// A NaN logit makes its row's loss NaN, as in Python, in both kernels.
+TEST_F(LinearCrossEntropyGpu, NanLogitGivesANanLoss) {
+  for (const int64_t classes : {32, 33}) {
+    auto p = problem({4, 16}, classes, torch::kCUDA);
+    p.x[0][0] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(fused(p).loss.item<float>())) << classes;
+  }
 }
 
 } // namespace

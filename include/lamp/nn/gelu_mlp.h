@@ -1,0 +1,53 @@
+#pragma once
+
+#include <lamp/export.h>
+#include <lamp/nn/linear.h>
+
+#include <torch/types.h>
+
+namespace lamp::nn {
+
+/// A transformer's MLP, `linear(gelu(linear(x, fc_weight, fc_bias),
+/// "tanh"), proj_weight, proj_bias)`: Python's
+/// `F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)`, as in
+/// GPT-2's blocks, for an input of any rank.
+///
+/// On CUDA, in bf16 or fp16 (also under autocast), with gradients: the
+/// first layer's bias and GELU run in its GEMM's epilogue (cuBLASLt's
+/// GELU_AUX_BIAS, which also keeps GELU's input for the backward pass), and
+/// the GELU's derivative in the epilogue of the GEMM that computes the
+/// hidden layer's gradient (DGELU): no GELU kernel forward or backward and
+/// no pass over the 4x-wide hidden activations of its own. Saved for the
+/// backward pass: what the three ops save (GELU's input and output). The
+/// GELU is computed on the fp32 accumulator and rounded once, so outputs
+/// differ from the three ops' by about one rounding of the type; the other
+/// GEMMs are ATen's. Otherwise (CPU, fp32, no gradients, widths not a
+/// multiple of 8, an FP8 scope, double backward) it is the three ops.
+///
+/// Example:
+/// \code
+///   // x: [B, T, 768]; c_fc: 768 -> 3072, c_proj: 3072 -> 768
+///   auto y = lamp::nn::gelu_mlp(
+///       x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
+/// \endcode
+LAMP_API torch::Tensor gelu_mlp(
+    const torch::Tensor& input,
+    const torch::Tensor& fc_weight,
+    const torch::Tensor& fc_bias,
+    const torch::Tensor& proj_weight,
+    const torch::Tensor& proj_bias);
+
+/// `gelu_mlp` with two `lamp::nn::Linear` layers (both with a bias): in an
+/// FP8 scope (lamp/fp8.h) their forward calls, so that each keeps its FP8
+/// scaling state; otherwise `gelu_mlp` of their parameters.
+///
+/// Example:
+/// \code
+///   auto y = lamp::nn::gelu_mlp(x, c_fc, c_proj);
+/// \endcode
+LAMP_API torch::Tensor gelu_mlp(
+    const torch::Tensor& input,
+    Linear& fc,
+    Linear& proj);
+
+} // namespace lamp::nn

@@ -1,0 +1,219 @@
+#include "gelu_mlp_cuda.h"
+
+#include "linear_cuda.h"
+#include "lt_matmul.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdlib>
+#include <vector>
+
+// Note [GELU in the GEMMs' epilogues]
+// GPT-2's MLP is fc (C -> 4C), GELU (tanh), proj (4C -> C). As three ops,
+// the GELU is a kernel of its own each way over the [tokens, 4C] hidden
+// activations: forward reads h and writes a = gelu(h); backward reads the
+// gradient of a and h and writes the gradient of h. On GPT-2 124M (16 x
+// 1,024 tokens, bf16, H100) that is 0.8 + 1.1 ms of a 35 ms step. cuBLASLt
+// computes both in the GEMMs' epilogues, on the fp32 accumulator, while
+// the tile is still in registers:
+// - forward, fc's GEMM with GELU_AUX_BIAS: a = gelu(x W1^T + b1), and
+//   h = x W1^T + b1 written beside it (the backward pass needs it, as
+//   ATen's GELU saves it);
+// - backward, the GEMM for a's gradient with DGELU: dh = (dy W2) *
+//   gelu'(h), never writing a's gradient.
+// The other GEMMs (proj's forward with its bias epilogue, the weights'
+// and the input's gradients) are ATen's, the biases' gradients lamp's
+// column sums (Note [The bias gradient of a linear layer]). Memory: a and h
+// are saved, as the three ops save them. This is llm.c's gelu_fusion.
+
+namespace lamp::nn::detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool half_type(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf;
+}
+
+// TEMP (measuring): the fc bias's gradient in the DGELU GEMM's epilogue
+// (DGELU_BGRAD) instead of lamp's column sums.
+bool bgrad_in_epilogue() {
+  static const bool on = std::getenv("LAMP_GELU_MLP_BGRAD") != nullptr;
+  return on;
+}
+
+class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& x,
+      const at::Tensor& w1,
+      const at::Tensor& b1,
+      const at::Tensor& w2,
+      const at::Tensor& b2) {
+    const auto x2 = x.view({-1, w1.size(1)});
+    at::Tensor h = at::empty({x2.size(0), w1.size(0)}, x.options());
+    at::Tensor a = at::empty_like(h);
+    if (!lt_matmul(a, x2, false, w1, true, LtEpilogue::kGeluAuxBias, h, b1)) {
+      h = at::linear(x2, w1, b1);
+      a = at::gelu(h, "tanh");
+    }
+    ctx->save_for_backward({x, w1, b1, w2, b2, a, h});
+    auto sizes = x.sizes().vec();
+    sizes.back() = w2.size(0);
+    return at::linear(a, w2, b2).view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w1 = saved[1];
+    const at::Tensor& w2 = saved[3];
+    const at::Tensor& a = saved[5];
+    const at::Tensor& h = saved[6];
+    const at::Tensor& dy = grads[0];
+    variable_list out(5);
+    if (!dy.defined()) {
+      return out;
+    }
+    if (at::GradMode::is_enabled()) {
+      return double_backward(saved, dy);
+    }
+    const auto dy2 = dy.reshape({-1, w2.size(0)}).contiguous();
+    if (ctx->needs_input_grad(4)) {
+      out[4] = bias_grad(dy2);
+    }
+    if (ctx->needs_input_grad(3)) {
+      out[3] = dy2.t().mm(a);
+    }
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) &&
+        !ctx->needs_input_grad(2)) {
+      return out;
+    }
+    at::Tensor dh = at::empty_like(h);
+    const bool fused_bias = bgrad_in_epilogue() && ctx->needs_input_grad(2);
+    at::Tensor db1;
+    if (fused_bias) {
+      db1 = at::empty({h.size(1)}, h.options());
+    }
+    if (!lt_matmul(
+            dh, dy2, false, w2, false,
+            fused_bias ? LtEpilogue::kDGeluBGrad : LtEpilogue::kDGelu, h, {},
+            db1)) {
+      dh = at::gelu_backward(dy2.mm(w2), h, "tanh");
+      db1 = at::Tensor();
+    }
+    if (ctx->needs_input_grad(2)) {
+      out[2] = db1.defined() ? db1 : bias_grad(dh);
+    }
+    const auto x2 = x.view({-1, w1.size(1)});
+    if (ctx->needs_input_grad(1)) {
+      out[1] = dh.t().mm(x2);
+    }
+    if (ctx->needs_input_grad(0)) {
+      out[0] = dh.mm(w1).view(x.sizes());
+    }
+    return out;
+  }
+
+ private:
+  // A gradient that is itself differentiated (create_graph): the three ops
+  // again, from the saved inputs, and their gradients with a graph.
+  static variable_list double_backward(
+      const variable_list& saved,
+      const at::Tensor& dy) {
+    const auto y = at::linear(
+        at::gelu(at::linear(saved[0], saved[1], saved[2]), "tanh"),
+        saved[3],
+        saved[4]);
+    variable_list inputs;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < 5; ++i) {
+      if (saved[i].requires_grad()) {
+        inputs.push_back(saved[i]);
+        which.push_back(i);
+      }
+    }
+    variable_list out(5);
+    if (inputs.empty()) {
+      return out;
+    }
+    const auto g = torch::autograd::grad(
+        {y}, inputs, {dy}, /*retain_graph=*/true, /*create_graph=*/true,
+        /*allow_unused=*/true);
+    for (size_t j = 0; j < which.size(); ++j) {
+      out[which[j]] = g[j];
+    }
+    return out;
+  }
+};
+
+} // namespace
+
+bool gelu_mlp_cuda_applies(
+    const at::Tensor& input,
+    const at::Tensor& fc_weight,
+    const at::Tensor& fc_bias,
+    const at::Tensor& proj_weight,
+    const at::Tensor& proj_bias) {
+  const std::vector<const at::Tensor*> all{
+      &input, &fc_weight, &fc_bias, &proj_weight, &proj_bias};
+  bool wants_grad = false;
+  for (const auto* t : all) {
+    if (!t->defined() || !t->is_cuda() || t->device() != input.device()) {
+      return false;
+    }
+    wants_grad = wants_grad || t->requires_grad();
+  }
+  if (!wants_grad || !at::GradMode::is_enabled() || input.dim() < 2 ||
+      !input.is_contiguous() || input.numel() == 0 || fc_weight.dim() != 2 ||
+      fc_bias.dim() != 1 || proj_weight.dim() != 2 || proj_bias.dim() != 1) {
+    return false;
+  }
+  const int64_t c = fc_weight.size(1);
+  const int64_t hidden = fc_weight.size(0);
+  const int64_t out = proj_weight.size(0);
+  if (input.size(-1) != c || fc_bias.size(0) != hidden ||
+      proj_weight.size(1) != hidden || proj_bias.size(0) != out ||
+      c % 8 != 0 || hidden % 8 != 0 || out % 8 != 0) {
+    return false;
+  }
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+    return half_type(at::autocast::get_autocast_dtype(at::kCUDA));
+  }
+  for (const auto* t : all) {
+    if (t->scalar_type() != input.scalar_type()) {
+      return false;
+    }
+  }
+  return half_type(input.scalar_type());
+}
+
+at::Tensor gelu_mlp_cuda(
+    const at::Tensor& input,
+    const at::Tensor& fc_weight,
+    const at::Tensor& fc_bias,
+    const at::Tensor& proj_weight,
+    const at::Tensor& proj_bias) {
+  at::Tensor x = input, w1 = fc_weight, b1 = fc_bias, w2 = proj_weight,
+             b2 = proj_bias;
+  // Autocast's policy for linear (lower_precision_fp), as linear_cuda's.
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+    const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    x = at::autocast::cached_cast(dtype, input, at::kCUDA);
+    w1 = at::autocast::cached_cast(dtype, fc_weight, at::kCUDA);
+    b1 = at::autocast::cached_cast(dtype, fc_bias, at::kCUDA);
+    w2 = at::autocast::cached_cast(dtype, proj_weight, at::kCUDA);
+    b2 = at::autocast::cached_cast(dtype, proj_bias, at::kCUDA);
+  }
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      c10::autocast_dispatch_keyset);
+  return GeluMlpFunction::apply(
+      x, w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous());
+}
+
+} // namespace lamp::nn::detail
