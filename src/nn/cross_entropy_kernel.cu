@@ -59,6 +59,9 @@ __device__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 __device__ MaxSum add(MaxSum a, float x) {
+  if (x == -INFINITY) {
+    return a; // exp(-inf) adds nothing (and exp(-inf - -inf) is NaN)
+  }
   if (x <= a.max) {
     return {a.max, a.sum + expf(x - a.max)};
   }
@@ -129,18 +132,41 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
   auto* packed = reinterpret_cast<Pack<T>*>(row);
 
   MaxSum ms{-INFINITY, 0.f};
+  bool nan = false;
+  // NOTE: a vector at a time: its max, the running sum rescaled at most
+  // once, then an exp per element, no branch per element (an exp and a
+  // branch per element made this loop, not the memory, the limit).
   for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
     const Pack<T> p = packed[i];
+    float v[kPack<T>];
+    float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kPack<T>; ++k) {
-      ms = add(ms, to_float(p.v[k]));
+      v[k] = to_float(p.v[k]);
+      m = fmaxf(m, v[k]);
+      nan = nan || isnan(v[k]);
+    }
+    if (m > ms.max) {
+      ms.sum *= expf(ms.max - m);
+      ms.max = m;
+    }
+    // NOTE: a vector of -inf (masked) logits adds nothing (exp(-inf - -inf)
+    // would be NaN).
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < kPack<T>; ++k) {
+        ms.sum += expf(v[k] - ms.max);
+      }
     }
   }
   for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     ms = add(ms, to_float(row[j]));
   }
   ms = block_combine(ms);
-  const float lse = ms.max + logf(ms.sum);
+  // NOTE: fmaxf above skips NaN: a NaN logit makes the row's loss NaN here,
+  // as in Python.
+  const bool row_nan = __syncthreads_or(nan);
+  const float lse = row_nan ? NAN : ms.max + logf(ms.sum);
   const bool in_range = t >= 0 && t < classes;
   if (threadIdx.x == 0) {
     loss[r] = ignored ? 0.f : in_range ? lse - to_float(row[t]) : NAN;
@@ -168,130 +194,8 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
   }
 }
 
-// The block's max / sum of v, in every thread.
-template <bool kMax>
-__device__ float block_reduce(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_down_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads(); // NOTE: partial may still be read by an earlier call
-  if (lane == 0) {
-    partial[warp] = v;
-  }
-  __syncthreads();
-  v = partial[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) {
-    v = kMax ? fmaxf(v, partial[w]) : v + partial[w];
-  }
-  return v;
-}
-
-// Note [A softmax row in registers]
-// softmax_xent_grad_kernel reads each row twice (the running max and sum,
-// then the gradient) and takes an exp and a branch per element for the
-// running sum: on GPT-2's 16,384 x 50,304 bf16 logits (100 KB a row) it
-// ran at about two thirds of the memory's speed. A block of 512 threads
-// holds a row of up to kPacks * 512 16-byte vectors in registers (64 Ki
-// bf16 classes at kPacks 16): one read, a max, a sum of exps, one write.
-// Summing exp(x - max) after the max, not a running sum, is also what
-// ATen's log_softmax computes. Rows that do not fit, or are not 16-byte
-// vectors, take the kernel above.
-template <typename T, int kPacks>
-__global__ void __launch_bounds__(kThreads) softmax_xent_grad_row_kernel(
-    T* logits,
-    int64_t classes,
-    int64_t stride,
-    const int64_t* target,
-    int64_t ignore_index,
-    float* loss) {
-  const int64_t r = blockIdx.x;
-  T* row = logits + r * stride;
-  const int64_t t = target[r];
-  const bool ignored = t == ignore_index;
-  const bool in_range = t >= 0 && t < classes;
-  // NOTE: read before any thread writes the row (the reductions below
-  // synchronise the block).
-  const float target_logit =
-      threadIdx.x == 0 && !ignored && in_range ? to_float(row[t]) : 0.f;
-  const int64_t packs = classes / kPack<T>;
-  auto* packed = reinterpret_cast<Pack<T>*>(row);
-  Pack<T> p[kPacks];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) {
-    const int64_t index = threadIdx.x + int64_t(i) * kThreads;
-    if (index < packs) {
-      p[i] = packed[index];
-#pragma unroll
-      for (int k = 0; k < kPack<T>; ++k) {
-        m = fmaxf(m, to_float(p[i].v[k]));
-      }
-    }
-  }
-  // NOTE: fmaxf skips NaN; a NaN logit makes the sum, and so the loss, NaN.
-  m = block_reduce<true>(m);
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) {
-    if (threadIdx.x + int64_t(i) * kThreads < packs) {
-#pragma unroll
-      for (int k = 0; k < kPack<T>; ++k) {
-        sum += expf(to_float(p[i].v[k]) - m);
-      }
-    }
-  }
-  sum = block_reduce<false>(sum);
-  const float lse = m + logf(sum);
-  if (threadIdx.x == 0) {
-    loss[r] = ignored ? 0.f : in_range ? lse - target_logit : NAN;
-  }
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) {
-    const int64_t index = threadIdx.x + int64_t(i) * kThreads;
-    if (index < packs) {
-#pragma unroll
-      for (int k = 0; k < kPack<T>; ++k) {
-        const int64_t j = index * kPack<T> + k;
-        const float g = ignored
-            ? 0.f
-            : expf(to_float(p[i].v[k]) - lse) - (j == t ? 1.f : 0.f);
-        p[i].v[k] = from_float<T>(g);
-      }
-      packed[index] = p[i];
-    }
-  }
-}
-
-template <typename T, int kPacks>
-bool launch_row(const SoftmaxXentArgs& a, cudaStream_t stream) {
-  if (a.classes > int64_t(kPacks) * kThreads * kPack<T>) {
-    return false;
-  }
-  softmax_xent_grad_row_kernel<T, kPacks>
-      <<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-          static_cast<T*>(a.logits),
-          a.classes,
-          a.stride,
-          a.target,
-          a.ignore_index,
-          a.loss);
-  return true;
-}
-
 template <typename T>
 cudaError_t launch(const SoftmaxXentArgs& a, cudaStream_t stream) {
-  // See Note [A softmax row in registers].
-  const bool vectors = reinterpret_cast<uintptr_t>(a.logits) % 16 == 0 &&
-      a.stride % kPack<T> == 0 && a.classes % kPack<T> == 0;
-  if (vectors &&
-      (launch_row<T, 4>(a, stream) || launch_row<T, 8>(a, stream) ||
-       launch_row<T, 16>(a, stream))) {
-    return cudaGetLastError();
-  }
   softmax_xent_grad_kernel<T>
       <<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
           static_cast<T*>(a.logits),

@@ -19,7 +19,7 @@
 // [C, R] matrix, so row-major out = op(a) · op(b) is column-major
 // out^T = op(b)^T · op(a)^T: cuBLASLt's A is `b`, its B is `a`, m = N,
 // n = M, k = K. The bias (length m = N) is then added to every row of the
-// row-major output, the bias gradient sums over its rows, and the aux
+// row-major output, and the aux
 // matrix is [M, N] row-major with leading dimension N: what ATen's
 // addmm-with-bias does, and what llm.c does for its GELU epilogues.
 
@@ -106,8 +106,7 @@ bool lt_matmul(
     bool transpose_b,
     LtEpilogue epilogue,
     const at::Tensor& aux,
-    const at::Tensor& bias,
-    const at::Tensor& bias_grad) {
+    const at::Tensor& bias) {
   const auto dtype = out.scalar_type();
   TORCH_INTERNAL_ASSERT(dtype == at::kBFloat16 || dtype == at::kHalf);
   TORCH_INTERNAL_ASSERT(a.scalar_type() == dtype && b.scalar_type() == dtype);
@@ -148,13 +147,6 @@ bool lt_matmul(
       break;
     case LtEpilogue::kDGelu:
       mode = CUBLASLT_EPILOGUE_DGELU;
-      break;
-    case LtEpilogue::kDGeluBGrad:
-      TORCH_INTERNAL_ASSERT(
-          bias_grad.defined() && bias_grad.scalar_type() == dtype);
-      mode = CUBLASLT_EPILOGUE_DGELU_BGRAD;
-      set(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-          bias_grad.mutable_data_ptr());
       break;
   }
   set(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, mode);

@@ -15,15 +15,13 @@ enum class LtEpilogue {
   kGeluAuxBias,
   /// out = product * gelu_tanh'(aux).
   kDGelu,
-  /// kDGelu, and bias_grad = out's column sums (over out's rows).
-  kDGeluBGrad,
 };
 
 /// Row-major `out[M, N] = op(a)[M, K] · op(b)[K, N]` (op transposes when
 /// the flag says so) with `epilogue`, through cuBLASLt on `out`'s device
 /// and current stream, with ATen's cuBLASLt handle and workspace (so it
 /// may be captured in a CUDA graph). Every tensor contiguous, of one type
-/// (bf16 or fp16), `aux` [M, N], `bias` / `bias_grad` [N]. Returns false,
+/// (bf16 or fp16), `aux` [M, N], `bias` [N] (kGeluAuxBias). Returns false,
 /// having launched nothing, when cuBLASLt has no algorithm for it (the
 /// caller then uses ATen's ops); throws on a cuBLASLt error.
 bool lt_matmul(
@@ -34,7 +32,6 @@ bool lt_matmul(
     bool transpose_b,
     LtEpilogue epilogue,
     const at::Tensor& aux,
-    const at::Tensor& bias = {},
-    const at::Tensor& bias_grad = {});
+    const at::Tensor& bias = {});
 
 } // namespace lamp::nn::detail
