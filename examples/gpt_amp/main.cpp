@@ -171,13 +171,16 @@ int run(
   model->to(device);
   // --fp8-scaling delayed: the layers' amax histories and scales are
   // buffers, made now so that a checkpoint holding them loads and DDP
-  // broadcasts them with the others (every rank then scales alike).
+  // broadcasts them with the others; each update takes the newest amaxes'
+  // max over the ranks (every rank then scales alike, from all ranks'
+  // data, as Transformer Engine's reduce_amax).
   const auto fp8_recipe =
       lamp::Fp8Recipe()
           .scaling(
               opt.fp8_scaling == "delayed" ? lamp::Fp8Scaling::kDelayed
                                            : lamp::Fp8Scaling::kCurrent)
-          .amax_history_len(opt.fp8_amax_history);
+          .amax_history_len(opt.fp8_amax_history)
+          .amax_group(pg);
   if (precision.fp8) {
     lamp::init_fp8_state(*model, fp8_recipe);
   }

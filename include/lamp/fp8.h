@@ -12,9 +12,15 @@
 
 #include <lamp/export.h>
 
+#include <memory>
+
 namespace torch::nn {
 class Module;
 } // namespace torch::nn
+
+namespace lamp::dist {
+class ProcessGroup;
+} // namespace lamp::dist
 
 namespace lamp {
 
@@ -56,6 +62,14 @@ struct LAMP_API Fp8Recipe {
   TORCH_ARG(int64_t, margin) = 0;
   /// kDelayed: default Fp8AmaxCompute::kMax.
   TORCH_ARG(Fp8AmaxCompute, amax_compute) = Fp8AmaxCompute::kMax;
+  /// kDelayed: the ranks whose amaxes each scale follows (Transformer
+  /// Engine's `fp8_group` with `reduce_amax`): before a layer updates its
+  /// scales, the newest amaxes are reduced to their maximum over this
+  /// group (lamp::dist::ProcessGroup::allreduce, kMax; one small
+  /// collective a layer a step), so every rank scales alike from every
+  /// rank's data. Pass the group of DistributedDataParallel. Default null:
+  /// each rank follows its own amaxes.
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, amax_group) = nullptr;
 };
 
 /// Within its scope (this thread, until destroyed), lamp's Linear layers

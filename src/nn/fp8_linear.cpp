@@ -1,6 +1,7 @@
 #include "fp8_linear.h"
 
 #include <lamp/config.h>
+#include <lamp/dist/process_group.h>
 #include <lamp/fp8.h>
 
 #include <ATen/autocast_mode.h>
@@ -181,6 +182,15 @@ std::pair<at::Tensor, at::Tensor> quantize_delayed(
 }
 
 void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
+  const auto& group = recipe.amax_group();
+  if (group && group->world_size() > 1) {
+    // Transformer Engine's amax reduction: the amaxes recorded since the
+    // last update (column 0), their max over the ranks. NOTE: a strided
+    // column, reduced through a dense copy.
+    auto newest = s.history.select(1, 0).contiguous();
+    group->allreduce(newest, dist::ReduceOp::kMax);
+    s.history.select(1, 0).copy_(newest);
+  }
   const auto amax = recipe.amax_compute() == Fp8AmaxCompute::kMax
       ? s.history.amax(1)
       : s.history.select(1, 0).clone();

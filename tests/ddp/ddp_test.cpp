@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -535,6 +536,28 @@ LAMP_DDP_TEST(Collectives) {
     EXPECT_EQ(checks, t.cpu() ? 14 : 16) << "rank " << rank;
     EXPECT_EQ(t.value(rank, "done"), "");
   }
+}
+
+// Transformer Engine's amax reduction (Fp8Recipe::amax_group): every rank
+// scales from the largest amax of all ranks; without the group, each from
+// its own.
+LAMP_DDP_TEST(Fp8DelayedScalesFollowTheRanksLargestAmax) {
+  ASSERT_EQ(t.launch("--scenario fp8-amax"), 0);
+  float largest = 0;
+  for (int rank = 0; rank < t.ranks(); ++rank) {
+    largest = std::max(largest, std::stof(t.value(rank, "local")));
+  }
+  for (int rank = 0; rank < t.ranks(); ++rank) {
+    EXPECT_EQ(std::stof(t.value(rank, "reduced")), largest) << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "scales"), t.value(0, "scales")) << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "done"), "");
+  }
+  // The input's scale: e4m3's largest value over the largest amax.
+  EXPECT_FLOAT_EQ(
+      std::stof(t.value(0, "scales")), 448.0f / largest);
+  // Without the group the ranks' scales differ (rank r's input is r + 1
+  // times as large).
+  EXPECT_NE(t.value(0, "own_scale"), t.value(1, "own_scale"));
 }
 
 // NOTE: tolerances are relative to the largest parameter. In fp32 the only

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -28,7 +29,7 @@ namespace {
 
 struct Args {
   std::string out;
-  // train | collectives | mismatch | exit | never | graph-exit
+  // train | collectives | fp8-amax | mismatch | exit | never | graph-exit
   std::string scenario = "train";
   int64_t steps = 12;
   int64_t batch = 32; // per rank
@@ -438,6 +439,54 @@ int run_mismatch(const Args& a) {
 }
 
 // Rank 1 leaves after three steps; rank 0 must fail, not hang.
+// Delayed FP8 scaling with Fp8Recipe::amax_group: each rank's input is
+// scaled by rank + 1, so the ranks' amaxes differ. After the second forward
+// call (whose update reduces the first step's amaxes) every rank holds the
+// first step's largest input amax and the same scales; a layer without the
+// group follows its own rank's amaxes. Prints "local A", "reduced A",
+// "scales S0 S1 S2" and "own_scale S0" (the layer without the group).
+int run_fp8_amax(const Args& a) {
+  auto pg = lamp::dist::init_process_group(pg_options(a));
+  const auto rank = pg->rank();
+  const auto device = pg->device();
+  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
+  out << std::setprecision(9);
+  const auto delayed = lamp::Fp8Recipe()
+                           .scaling(lamp::Fp8Scaling::kDelayed)
+                           .amax_history_len(4);
+  const auto shared = lamp::Fp8Recipe(delayed).amax_group(pg);
+  torch::manual_seed(3);
+  lamp::nn::Linear fc(32, 16), own(32, 16);
+  fc->to(device);
+  own->to(device);
+  lamp::init_fp8_state(*fc, shared);
+  lamp::init_fp8_state(*own, delayed);
+  torch::manual_seed(10 + rank);
+  float local = 0;
+  for (int step = 0; step < 2; ++step) {
+    const auto x = torch::randn({16, 32}, device) * (rank + 1);
+    if (step == 0) {
+      local = x.abs().max().item<float>();
+    }
+    {
+      lamp::Fp8AutocastGuard fp8(shared);
+      fc(x).square().sum().backward();
+    }
+    lamp::Fp8AutocastGuard fp8(delayed);
+    own(x).square().sum().backward();
+  }
+  const auto scale = fc->fp8_scale.cpu();
+  out << "local " << local << "\n";
+  // NOTE: the update rolls the history as Transformer Engine's does: the
+  // amaxes it reduced are in the last column now, column 0 records anew.
+  out << "reduced " << fc->fp8_amax_history[0][-1].item<float>() << "\n";
+  out << "scales " << scale[0].item<float>() << " " << scale[1].item<float>()
+      << " " << scale[2].item<float>() << "\n";
+  out << "own_scale " << own->fp8_scale[0].item<float>() << "\n";
+  out << "done\n";
+  return 0;
+}
+
 int run_exit(const Args& a) {
   auto pg = lamp::dist::init_process_group(pg_options(a));
   const auto rank = pg->rank();
@@ -567,6 +616,9 @@ int main(int argc, char** argv) {
     }
     if (a.scenario == "collectives") {
       return run_collectives(a);
+    }
+    if (a.scenario == "fp8-amax") {
+      return run_fp8_amax(a);
     }
     if (a.scenario == "mismatch") {
       return run_mismatch(a);
