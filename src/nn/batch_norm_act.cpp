@@ -1,4 +1,5 @@
 #include <lamp/nn/batch_norm_act.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -106,15 +107,15 @@ torch::Tensor composite(
 
 namespace detail {
 
-BatchNormActPath last_path() {
+BatchNormActPath batch_norm_act_last_path() {
   return t_last_path;
 }
 
-std::string last_fallback_reason() {
+std::string batch_norm_act_fallback_reason() {
   return t_last_reason;
 }
 
-int64_t path_count(BatchNormActPath path) {
+int64_t batch_norm_act_path_count(BatchNormActPath path) {
   return g_path_counts[static_cast<int>(path)].load(std::memory_order_relaxed);
 }
 

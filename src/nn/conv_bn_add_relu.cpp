@@ -1,4 +1,5 @@
 #include <lamp/nn/conv_bn_add_relu.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <lamp/config.h>
 
@@ -533,11 +534,11 @@ torch::Tensor conv_bn_add_relu(
 
 namespace detail {
 
-std::string last_conv_bn_reason() {
+std::string conv_bn_add_relu_fallback_reason() {
   return t_reason;
 }
 
-int64_t conv_bn_fused_count() {
+int64_t conv_bn_add_relu_fused_count() {
   return g_fused.load(std::memory_order_relaxed);
 }
 

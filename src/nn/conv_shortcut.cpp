@@ -1,4 +1,5 @@
 #include <lamp/nn/conv_shortcut.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -135,7 +136,7 @@ bool fusable(const at::Tensor& input, const at::Tensor& weight) {
 
 namespace detail {
 
-int64_t shortcut_gradient_count(ShortcutGradient how) {
+int64_t conv_shortcut_gradient_count(ShortcutGradient how) {
   return g_counts[static_cast<int>(how)].load(std::memory_order_relaxed);
 }
 

@@ -1,6 +1,7 @@
 // lamp::nn::BatchCountGuard: after the guard, every num_batches_tracked (and
 // every other buffer) holds what it holds without the guard, whatever ran;
 // inside a captured GraphedStep every replay counts (*Gpu).
+#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
 
 #include <gtest/gtest.h>
@@ -208,8 +209,8 @@ TEST_F(BatchCountGuardGpu, EveryReplayOfACapturedStepCounts) {
   }
   ASSERT_TRUE(step.is_captured());
   EXPECT_EQ(
-      lamp::nn::detail::last_path(), lamp::nn::BatchNormActPath::kCudnnFused)
-      << lamp::nn::detail::last_fallback_reason();
+      lamp::nn::detail::batch_norm_act_last_path(), lamp::nn::BatchNormActPath::kCudnnFused)
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
   EXPECT_EQ(graphed.net->bn1->num_batches_tracked.item<int64_t>(), 8);
   EXPECT_EQ(graphed.net->bn2->num_batches_tracked.item<int64_t>(), 8);
   const auto a = eager.net->named_buffers();

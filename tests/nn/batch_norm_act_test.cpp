@@ -1,3 +1,4 @@
+#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
 
 #include <gtest/gtest.h>
@@ -137,7 +138,7 @@ void expect_matches_unfused(const Config& c) {
     auto x2 = x.clone().requires_grad_();
     auto z2 = z.clone().requires_grad_();
     auto y1 = fused(x1, c.residual ? z1 : torch::Tensor());
-    EXPECT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kComposite);
+    EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kComposite);
     auto y2 = unfused(plain, c, x2, z2);
     expect_same(y1, y2, "output");
     y1.backward(dy);
@@ -183,22 +184,22 @@ TEST(BatchNormAct, CpuFallbackMatchesUnfusedInEveryConfiguration) {
 TEST(BatchNormAct, SaysWhyItTookTheFallback) {
   BatchNormAct2d bn(8);
   bn(torch::randn({2, 8, 3, 3}));
-  EXPECT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kComposite);
+  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kComposite);
   EXPECT_NE(
-      lamp::nn::detail::last_fallback_reason().find("not CUDA"),
+      lamp::nn::detail::batch_norm_act_fallback_reason().find("not CUDA"),
       std::string::npos)
-      << lamp::nn::detail::last_fallback_reason();
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
   bn->eval();
   bn(torch::randn({2, 8, 3, 3}));
   EXPECT_NE(
-      lamp::nn::detail::last_fallback_reason().find("evaluation"),
+      lamp::nn::detail::batch_norm_act_fallback_reason().find("evaluation"),
       std::string::npos)
-      << lamp::nn::detail::last_fallback_reason();
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
   const auto before =
-      lamp::nn::detail::path_count(BatchNormActPath::kComposite);
+      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kComposite);
   bn(torch::randn({2, 8, 3, 3}));
   EXPECT_EQ(
-      lamp::nn::detail::path_count(BatchNormActPath::kComposite), before + 1);
+      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kComposite), before + 1);
 }
 
 // Channels-last bf16 under CPU autocast (the dtype a convolution hands the
@@ -490,8 +491,8 @@ BatchNormActPath check_against_fp32(const GpuCase& k) {
   auto x1 = x.detach().requires_grad_();
   auto z1 = z.detach().requires_grad_();
   auto y1 = fused(x1, c.residual ? z1 : torch::Tensor());
-  const auto path = lamp::nn::detail::last_path();
-  const auto why = lamp::nn::detail::last_fallback_reason();
+  const auto path = lamp::nn::detail::batch_norm_act_last_path();
+  const auto why = lamp::nn::detail::batch_norm_act_fallback_reason();
   y1.backward(dy);
 
   auto x2 = x.to(torch::kFloat).requires_grad_();
@@ -552,7 +553,7 @@ TEST_F(BatchNormActGpu, TrainingMatchesFp32UnfusedOnResNetShapes) {
         const auto path = check_against_fp32({shape, dtype, config});
         if (dtype == torch::kHalf) {
           EXPECT_EQ(path, BatchNormActPath::kCudnnFused)
-              << lamp::nn::detail::last_fallback_reason();
+              << lamp::nn::detail::batch_norm_act_fallback_reason();
         }
       }
     }
@@ -561,9 +562,9 @@ TEST_F(BatchNormActGpu, TrainingMatchesFp32UnfusedOnResNetShapes) {
 
 TEST_F(BatchNormActGpu, Bf16TakesTheFusedPath) {
   check_against_fp32({{32, 256, 28, 28}, torch::kBFloat16, Config{}});
-  EXPECT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kCudnnFused)
+  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
       << "cuDNN did not take bf16: "
-      << lamp::nn::detail::last_fallback_reason();
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
 }
 
 // Without affine parameters cuDNN gets ones and zeros.
@@ -601,8 +602,8 @@ TEST_F(BatchNormActGpu, RunningVarianceIsUnbiased) {
   BatchNormAct2d bn(BatchNormAct2dOptions(64).momentum(std::nullopt));
   bn->to(torch::kCUDA);
   bn(x);
-  ASSERT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kCudnnFused)
-      << lamp::nn::detail::last_fallback_reason();
+  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
   const auto x32 = x.to(torch::kFloat);
   EXPECT_TRUE(close(
       bn->running_var, x32.var({0, 2, 3}, /*unbiased=*/true), 1e-4, 1e-3));
@@ -618,7 +619,7 @@ TEST_F(BatchNormActGpu, TakesAnyGradientLayout) {
   BatchNormAct2d bn(64);
   bn->to(torch::kCUDA);
   const auto y = bn(x);
-  ASSERT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kCudnnFused);
+  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused);
   const auto dy = torch::randn_like(y).contiguous();
   y.backward(dy);
   const auto g1 = x.grad().clone();
@@ -657,7 +658,7 @@ TEST_F(BatchNormActGpu, PeakMemoryIsNotAboveUnfused) {
   fused->to(torch::kCUDA);
   plain->to(torch::kCUDA);
   const auto fused_peak = peak([&] { fused(x, z).backward(dy); });
-  ASSERT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kCudnnFused);
+  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused);
   x.mutable_grad().reset();
   z.mutable_grad().reset();
   const auto plain_peak = peak([&] {
@@ -722,14 +723,14 @@ TEST_F(BatchNormActGpu, GraphedStepReplaysEqualEagerSteps) {
   const auto data = image_batches(10);
   FusedTrainer eager;
   const auto fused_before =
-      lamp::nn::detail::path_count(BatchNormActPath::kCudnnFused);
+      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kCudnnFused);
   for (const auto& batch : data) {
     eager.step(batch);
   }
   EXPECT_EQ(
-      lamp::nn::detail::path_count(BatchNormActPath::kCudnnFused),
+      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kCudnnFused),
       fused_before + 2 * 10)
-      << lamp::nn::detail::last_fallback_reason();
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
 
   FusedTrainer graphed;
   lamp::GraphedStep step(
@@ -740,7 +741,7 @@ TEST_F(BatchNormActGpu, GraphedStepReplaysEqualEagerSteps) {
     step(batch);
   }
   ASSERT_TRUE(step.is_captured());
-  EXPECT_EQ(lamp::nn::detail::last_path(), BatchNormActPath::kCudnnFused)
+  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
       << "the captured step ran the fused kernels";
   EXPECT_EQ(graphed.scaler.get_scale(), eager.scaler.get_scale());
   const auto a = eager.state();

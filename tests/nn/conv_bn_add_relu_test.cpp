@@ -8,6 +8,7 @@
 #include "amp_trainer.h"
 #include "support.h"
 
+#include <lamp/nn/diagnostics.h>
 #include <lamp/autocast.h>
 #include <lamp/config.h>
 #include <lamp/cuda_graph.h>
@@ -105,8 +106,8 @@ TEST(ConvBnAddRelu, OnTheCpuItIsTheModules) {
     const auto x = torch::randn({4, 16, 5, 5});
     const auto got = a->fused(h, x);
     EXPECT_NE(
-        lamp::nn::detail::last_conv_bn_reason().find("CUDA"), std::string::npos)
-        << lamp::nn::detail::last_conv_bn_reason();
+        lamp::nn::detail::conv_bn_add_relu_fallback_reason().find("CUDA"), std::string::npos)
+        << lamp::nn::detail::conv_bn_add_relu_fallback_reason();
     EXPECT_TRUE(torch::equal(got, b->unfused(h, x)));
     const auto pa = a->named_buffers(), pb = b->named_buffers();
     for (const auto& item : pa) {
@@ -203,14 +204,14 @@ TEST_F(ConvBnAddReluGpu, MatchesFloat32ModulesAsCloselyAsTheUnfusedOnes) {
       const auto reference =
           run(*wide, false, h.to(torch::kFloat), x.to(torch::kFloat), grad);
       std::vector<torch::Tensor> got, today;
-      const int64_t before = lamp::nn::detail::conv_bn_fused_count();
+      const int64_t before = lamp::nn::detail::conv_bn_add_relu_fused_count();
       {
         lamp::AutocastGuard autocast(torch::kCUDA, type);
         got = run(*fused, true, h, x, grad);
-        EXPECT_EQ(lamp::nn::detail::last_conv_bn_reason(), "");
+        EXPECT_EQ(lamp::nn::detail::conv_bn_add_relu_fallback_reason(), "");
         today = run(*unfused, false, h, x, grad);
       }
-      EXPECT_EQ(lamp::nn::detail::conv_bn_fused_count(), before + 1);
+      EXPECT_EQ(lamp::nn::detail::conv_bn_add_relu_fused_count(), before + 1);
       ASSERT_EQ(got.size(), reference.size());
       for (size_t i = 0; i < got.size(); ++i) {
         ASSERT_TRUE(got[i].defined() && today[i].defined()) << "#" << i;
@@ -238,18 +239,18 @@ TEST_F(ConvBnAddReluGpu, WhatItDoesNotTakeRunsTheModules) {
   const auto x = torch::randn({2, 64, 4, 4}, torch::kCUDA);
   tail->fused(h, x); // float32, NCHW
   EXPECT_NE(
-      lamp::nn::detail::last_conv_bn_reason().find("float16"),
+      lamp::nn::detail::conv_bn_add_relu_fallback_reason().find("float16"),
       std::string::npos)
-      << lamp::nn::detail::last_conv_bn_reason();
+      << lamp::nn::detail::conv_bn_add_relu_fallback_reason();
   tail->eval();
   lamp::AutocastGuard autocast(torch::kCUDA);
   tail->fused(
       h.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast),
       x.to(torch::kHalf).contiguous(torch::MemoryFormat::ChannelsLast));
   EXPECT_NE(
-      lamp::nn::detail::last_conv_bn_reason().find("training"),
+      lamp::nn::detail::conv_bn_add_relu_fallback_reason().find("training"),
       std::string::npos)
-      << lamp::nn::detail::last_conv_bn_reason();
+      << lamp::nn::detail::conv_bn_add_relu_fallback_reason();
 }
 
 #if LAMP_WITH_CUDA
@@ -302,12 +303,12 @@ TEST_F(ConvBnAddReluGpu, GraphedStepReplaysEqualEagerSteps) {
              0, 10, {16}, torch::dtype(torch::kLong).device(torch::kCUDA))});
   }
   Trainer eager(lamp::test::TrainWith::kSgdMomentum);
-  const int64_t before = lamp::nn::detail::conv_bn_fused_count();
+  const int64_t before = lamp::nn::detail::conv_bn_add_relu_fused_count();
   for (const auto& batch : data) {
     eager.step(batch);
   }
-  EXPECT_EQ(lamp::nn::detail::conv_bn_fused_count(), before + 2 * 8)
-      << lamp::nn::detail::last_conv_bn_reason();
+  EXPECT_EQ(lamp::nn::detail::conv_bn_add_relu_fused_count(), before + 2 * 8)
+      << lamp::nn::detail::conv_bn_add_relu_fallback_reason();
   Trainer graphed(lamp::test::TrainWith::kSgdMomentum);
   lamp::GraphedStep step(
       [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },

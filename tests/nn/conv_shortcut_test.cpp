@@ -6,6 +6,7 @@
 
 #include "support.h"
 
+#include <lamp/nn/diagnostics.h>
 #include <lamp/autocast.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
@@ -22,7 +23,7 @@ namespace conv_shortcut_test {
 namespace {
 
 using lamp::nn::ShortcutGradient;
-using lamp::nn::detail::shortcut_gradient_count;
+using lamp::nn::detail::conv_shortcut_gradient_count;
 
 struct Grads {
   torch::Tensor out, input, weight;
@@ -105,9 +106,9 @@ TEST(ConvShortcut, EqualsTheUnfusedBlockOnEveryBackwardPath) {
   for (const auto& c : cases) {
     const auto plain = c.block(torch::conv2d(x, w), x);
     const auto dy = torch::randn(plain.sizes(), torch::kDouble);
-    const auto before = shortcut_gradient_count(c.expected);
+    const auto before = conv_shortcut_gradient_count(c.expected);
     const auto fused = run(x, w, c.block, /*fused=*/true, dy);
-    EXPECT_EQ(shortcut_gradient_count(c.expected), before + 1) << c.name;
+    EXPECT_EQ(conv_shortcut_gradient_count(c.expected), before + 1) << c.name;
     if (c.expected == ShortcutGradient::kCopy) {
       // What the hook kept is still the shortcut's own gradient.
       EXPECT_TRUE(torch::equal(kept, dy * (fused.out > 0))) << c.name;
@@ -177,14 +178,14 @@ TEST_F(ConvShortcutGpu, ResNetIdentityBlockUnderAutocast) {
   };
   const auto dy =
       channels_last(torch::randn(x.sizes(), torch::kCUDA).to(torch::kHalf));
-  const auto in_place = shortcut_gradient_count(ShortcutGradient::kInPlace);
+  const auto in_place = conv_shortcut_gradient_count(ShortcutGradient::kInPlace);
   Grads fused, plain;
   {
     lamp::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
     fused = run(x, w, block, /*fused=*/true, dy);
     plain = run(x, w, block, /*fused=*/false, dy);
   }
-  EXPECT_EQ(shortcut_gradient_count(ShortcutGradient::kInPlace), in_place + 1);
+  EXPECT_EQ(conv_shortcut_gradient_count(ShortcutGradient::kInPlace), in_place + 1);
   EXPECT_EQ(fused.weight.scalar_type(), torch::kFloat);
   const auto reference =
       run(x.to(torch::kFloat), w, block, /*fused=*/false, dy.to(torch::kFloat));

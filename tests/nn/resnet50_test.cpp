@@ -1,3 +1,4 @@
+#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
 
 #include <gtest/gtest.h>
@@ -146,7 +147,7 @@ TEST(ResNet50, MatchesTorchvisionWithFusedBatchNorm) {
     return;
   }
   EXPECT_EQ(
-      lamp::nn::detail::last_path(), lamp::nn::BatchNormActPath::kComposite)
+      lamp::nn::detail::batch_norm_act_last_path(), lamp::nn::BatchNormActPath::kComposite)
       << "the CPU runs the fallback";
 }
 
@@ -192,7 +193,7 @@ Curve train_resnet50(bool fused_bn, uint64_t init_seed) {
   lamp::GradScaler scaler;
   Curve curve;
   const auto fused_before =
-      lamp::nn::detail::path_count(lamp::nn::BatchNormActPath::kCudnnFused);
+      lamp::nn::detail::batch_norm_act_path_count(lamp::nn::BatchNormActPath::kCudnnFused);
   for (int64_t step = 0; step < steps; ++step) {
     const auto& [images, labels] = data[step % data.size()];
     optimizer.zero_grad();
@@ -207,7 +208,7 @@ Curve train_resnet50(bool fused_bn, uint64_t init_seed) {
     curve.loss.push_back(loss.item<double>());
   }
   curve.fused_calls =
-      lamp::nn::detail::path_count(lamp::nn::BatchNormActPath::kCudnnFused) -
+      lamp::nn::detail::batch_norm_act_path_count(lamp::nn::BatchNormActPath::kCudnnFused) -
       fused_before;
   curve.peak_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0)
                          .allocated_bytes[0]
@@ -252,7 +253,7 @@ TEST(ResNet50Gpu, FusedBatchNormTrainsLikeUnfused) {
   EXPECT_EQ(u1.fused_calls, 0);
   EXPECT_EQ(f1.fused_calls, 200 * (1 + 16 * 3))
       << "every BatchNorm + ReLU ran cuDNN's fused kernel: "
-      << lamp::nn::detail::last_fallback_reason();
+      << lamp::nn::detail::batch_norm_act_fallback_reason();
   const auto w_u1 = windows(u1.loss, 20);
   const auto w_u2 = windows(u2.loss, 20);
   const auto w_f1 = windows(f1.loss, 20);

@@ -178,21 +178,4 @@ enum class BatchNormActPath {
   kCudnnFused,
 };
 
-namespace detail {
-
-/// Diagnostics and tests: the path this thread's last `batch_norm_act` call
-/// took (so a test can tell the fused kernel from the fallback).
-LAMP_API BatchNormActPath last_path();
-
-/// Diagnostics and tests: why this thread's last `batch_norm_act` call did
-/// not take the fused cuDNN path ("" when it did), e.g. "input is not
-/// channels-last contiguous".
-LAMP_API std::string last_fallback_reason();
-
-/// Diagnostics and tests: `batch_norm_act` calls in this process that took
-/// `path`.
-LAMP_API int64_t path_count(BatchNormActPath path);
-
-} // namespace detail
-
 } // namespace lamp::nn

@@ -30,7 +30,7 @@ namespace lamp::nn {
 /// convolution whose output channels are a multiple of 8, and a `bn` with
 /// `affine`, `track_running_stats`, a `momentum` and `relu`. Anything else
 /// (CPU, float32, NCHW, evaluation, other options) runs the modules
-/// unfused, `bn(conv(input), residual)`; `detail::last_conv_bn_reason()`
+/// unfused, `bn(conv(input), residual)`; `detail::conv_bn_add_relu_fallback_reason()` (lamp/nn/diagnostics.h)
 /// says why. Running statistics and `num_batches_tracked` are updated as
 /// the modules do (also under `BatchCountGuard`); no host sync, so it can
 /// be captured by `GraphedStep`. No double backward on the fused path.
@@ -64,16 +64,5 @@ LAMP_API torch::Tensor conv_bn_add_relu(
     const torch::nn::Conv2d& shortcut_conv,
     const torch::nn::BatchNorm2d& shortcut_bn);
 
-namespace detail {
-
-/// Diagnostics and tests: why this thread's last `conv_bn_add_relu` call
-/// ran the modules unfused ("" when it took the fused path).
-LAMP_API std::string last_conv_bn_reason();
-
-/// Diagnostics and tests: `conv_bn_add_relu` calls in this process that
-/// took the fused path.
-LAMP_API int64_t conv_bn_fused_count();
-
-} // namespace detail
 
 } // namespace lamp::nn

@@ -54,12 +54,5 @@ enum class ShortcutGradient {
   kNoShortcutGradient,
 };
 
-namespace detail {
-
-/// Diagnostics and tests: fused backward calls in this process that summed
-/// the gradients `how`.
-LAMP_API int64_t shortcut_gradient_count(ShortcutGradient how);
-
-} // namespace detail
 
 } // namespace lamp::nn
