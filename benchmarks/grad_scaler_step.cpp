@@ -1,7 +1,7 @@
 // Times one mixed-precision training step of an MLP 784-512-10 with
 // lamp::GradScaler, with torch::optim::Adam (the scaler reads found_inf on
 // the host every step) and with lamp::optim::FusedAdam (no host sync).
-// benchmarks/grad_scaler_step.py is the same in Python; benchmarks/README.md
+// benchmarks/grad_scaler_step.py is the same in Python; docs/benchmarks.md
 // has the results.
 //
 // Also with gradient clipping (unscale_ + lamp::clip_grad_norm_) and a cosine

@@ -97,8 +97,8 @@ bool use_fused_bn(
 
 // --fused-tail / --no-fused-tail, else on with the fused model (fp16 and
 // bf16 AMP): measured on an H200 at batch 256 it made the graphed step 3.5
-// ms faster in fp16 and in bf16 (see benchmarks/README.md, "BatchNorm in the
-// convolutions").
+// ms faster in fp16 and in bf16 (see
+// docs/design/batchnorm-in-convolutions.md).
 bool use_fused_tail(
     const Options& opt,
     bool fused_bn,
@@ -114,7 +114,7 @@ bool use_fused_tail(
 // kernels for the stem's 3-channel input take 2.9 ms a step (forward and
 // weight gradient), rearranged 1.1 ms plus lamp's rearrangement kernel:
 // the graphed step 1.2 ms faster (fp16 0.5 ms slower: its 3-channel
-// kernels are fast). See benchmarks/README.md, "the rearranged stem".
+// kernels are fast). See docs/design/resnet50-stem.md.
 bool use_s2d_stem(
     const Options& opt,
     bool fused_bn,

@@ -103,7 +103,7 @@ struct BatchStage::Impl {
     // NOTE: a hash of the sample's index, not the first or last rows of a
     // batch: the GPU gets an unbiased sample of sizes. Routing the costliest
     // images for the CPU to the GPU instead (by file size and crop height)
-    // made ResNet-50 no faster (benchmarks/README.md, 2026-12-03).
+    // made ResNet-50 no faster (docs/design/image-loader.md).
     const uint64_t h = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
     return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
   }
@@ -181,7 +181,7 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
   // NOTE: high priority, so that the stage's few kernels a batch start as
   // soon as SMs free up rather than queue behind the training step's. On
   // an H200 it made no measurable difference to the step either way
-  // (benchmarks/README.md).
+  // (docs/design/image-loader.md).
   for (auto& lane : impl.lanes) {
     lane.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
   }

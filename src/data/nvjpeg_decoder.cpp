@@ -59,9 +59,9 @@ namespace lamp::data::detail {
 // cudaEventBlockingSync (wait_event_flags()): with one context per process
 // CUDA spins in a wait by default, and a spinning stage thread holds a core
 // that the decode threads could use (one A/B call: within noise either
-// way, benchmarks/README.md; a wait should not hold a core). A batch on another
-// stream than the last one first waits for the last one on the device, so that
-// the shared buffers stay in order across streams.
+// way, docs/design/image-loader.md; a wait should not hold a core). A batch
+// on another stream than the last one first waits for the last one on the
+// device, so that the shared buffers stay in order across streams.
 //
 // The encoded bytes: nvJPEG copies them to the device with cudaMemcpyAsync.
 // From pageable memory such a copy is done when the call returns, from

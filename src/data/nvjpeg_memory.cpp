@@ -18,13 +18,13 @@ namespace lamp::data::detail {
 // the whole device, the training step's queued work too: measured on an
 // H200 under ResNet-50 training, 20-30 ms a call, 35-59 calls in a
 // three-epoch run on 6,000 photographs (most in the first), each stalling
-// a stage thread (benchmarks/README.md). A loader thread should not wait
-// for the training step, so the pinned buffers come from LibTorch's caching
-// host allocator: a freed block goes back to its cache, not to the driver, and
-// is handed out again only once the work queued before the free, on every
-// stream this decoder ran on, is done (events recorded at the free), as
-// for a pinned tensor. Its sizes are powers of two, so a buffer that grows
-// grows less often.
+// a stage thread (docs/design/image-loader.md). A loader thread should not
+// wait for the training step, so the pinned buffers come from LibTorch's
+// caching host allocator: a freed block goes back to its cache, not to the
+// driver, and is handed out again only once the work queued before the
+// free, on every stream this decoder ran on, is done (events recorded at
+// the free), as for a pinned tensor. Its sizes are powers of two, so a
+// buffer that grows grows less often.
 //
 // Device buffers stay with cudaMalloc / cudaFree, as nvJPEG's defaults: the
 // hardware engines' writes do not follow stream order (Note [nvJPEG streams

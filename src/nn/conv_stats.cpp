@@ -108,7 +108,7 @@ ConvStats composite(
   if (auto sums = channel_sums(result.output); sums && count > 0) {
     // One pass over the output at the memory's rate (ATen's statistics
     // kernel below took ~4x the time of a read on an H200 in bf16,
-    // benchmarks/README.md).
+    // docs/design/batchnorm-in-convolutions.md).
     result.sum = std::move(sums->first);
     result.sum_of_squares = std::move(sums->second);
     return result;

@@ -1,8 +1,9 @@
 // cuDNN's graph for conv2d_stats: [scale + bias + ReLU] -> conv_fprop ->
 // genstats, one graph per problem (Note [cuDNN graph cache]), the shape of
-// cudnn-frontend's "SBRCS" sample and of benchmarks/bn_fusion_probe.py's
-// graphs (measured there on ResNet-50's convolutions: the sums add ~10 % to
-// the convolutions' time and save BatchNorm a pass over each output).
+// cudnn-frontend's "SBRCS" sample and of the probe measured in
+// docs/design/batchnorm-in-convolutions.md (on ResNet-50's convolutions:
+// the sums add ~10 % to the convolutions' time and save BatchNorm a pass
+// over each output).
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

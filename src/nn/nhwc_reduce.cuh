@@ -9,7 +9,8 @@
 //   2. a fold adding the blocks' partials per channel in block order
 //      (fold_partials), kFoldChannels channels by kFoldSlices slices a
 //      block: one thread a channel over 512 partials was a chain of 512
-//      loads (36-82 us a call on an H200, benchmarks/README.md).
+//      loads (36-82 us a call on an H200,
+//      docs/design/batchnorm-in-convolutions.md).
 // Used by bn_add_relu_kernel.cu (the tail's backward) and
 // channel_sums_kernel.cu (conv2d_stats' sums).
 

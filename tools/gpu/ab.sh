@@ -1,6 +1,7 @@
-# Sourced by tools/gpu/issue26*.sh, after `set -u`, with OUT set: the logs'
+# Sourced by tools/gpu/fused_tail_ab.sh, resnet50_vs_pytorch.sh and
+# s2d_stem_ab.sh, after `set -u`, with OUT set: the logs'
 # folder L, `say`, the libraries of .deps/ on the path, lamp built into
-# build-gpu (tools/gpu/issue25.sh build; the script ends if that fails), R
+# build-gpu (tools/gpu/build.sh; the script ends if that fails), R
 # the example, and `ab LABEL FLAGS...`: resnet50_amp graphed on CUDA,
 # channels-last, STEPS (60) timed steps, metrics in $L/ab_LABEL.jsonl,
 # printing the median step and the peak memory.
@@ -9,7 +10,7 @@ mkdir -p "$L"
 T0=$(date +%s)
 say() { echo "[$(basename "$0" .sh) $(($(date +%s) - T0))s] $*"; }
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
-OUT=$L bash tools/gpu/issue25.sh build || { tar czf "$OUT/logs.tgz" -C "$OUT" l; exit 1; }
+OUT=$L bash tools/gpu/build.sh || { tar czf "$OUT/logs.tgz" -C "$OUT" l; exit 1; }
 B=build-gpu
 R=$B/examples/resnet50_amp
 

@@ -5,10 +5,9 @@
 # .deps/usr/share/datasets/fashion-mnist to /usr/share/datasets/) unpacked
 # with dpkg -x, PyPI's nvidia-nvjpeg under .deps/nvjpeg and the headers of
 # PyPI's nvidia-cudnn-frontend under .deps/cudnn_frontend/include (lamp's
-# cmake/FindCudnnFrontend.cmake looks there) and its Python module under
-# .deps/pycudnn (PYTHONPATH=.deps/pycudnn on the host). Run on a
+# cmake/FindCudnnFrontend.cmake looks there). Run on a
 # machine with network, from the repository root; then pass carry [".deps"]
-# with each device call (tools/gpu/issue25.sh uses it).
+# with each device call (tools/gpu/build.sh uses it).
 set -euo pipefail
 D=$PWD/.deps
 mkdir -p "$D/debs"
@@ -27,23 +26,5 @@ rm -rf "$D/cudnn_frontend"
 mkdir -p "$D/cudnn_frontend"
 python3 -m zipfile -e "$D"/debs/nvidia_cudnn_frontend-*.whl "$D/debs/fe"
 mv "$D/debs/fe/include" "$D/cudnn_frontend/include"
-# The frontend's Python module (`cudnn`, for the Python probes:
-# benchmarks/bn_fusion_probe.py, conv_engines_probe.py) for the GPU host's
-# Python 3.12, without its optional kernel packages (attention, GEMM,
-# MoE...: 80 MB of the 90 that would not fit a device call's carry).
-rm -rf "$D/pycudnn"
-python3 -m pip install --quiet --no-deps --target "$D/pycudnn" --only-binary :all: \
-  --python-version 3.12 --platform manylinux_2_28_x86_64 \
-  "nvidia-cudnn-frontend==${CUDNN_FRONTEND_VERSION:-1.32.0}"
-(
-  cd "$D/pycudnn"
-  rm -rf include
-  cd cudnn
-  rm -rf sdpa gemm linear_attention deepseek_sparse_attention gated_attention_block \
-    moe_ep block_sparse_attention native_sparse_attention flex_attention \
-    triangle_attention triangle_multiplicative_update rmsnorm_rht_amax hstu fla csa \
-    QSA gnn jax engram causal_conv1d_bulk_sm100 causal_conv1d_update_sm100 \
-    experimental rope yarn
-)
 rm -rf "$D/debs"
 du -sh "$D"

@@ -7,7 +7,7 @@ mean and median step (ms) and the first three steps' times (and, where the
 records have the loader's `gpu_decoded` / `cpu_decoded` counts, the GPU's
 share of the first steps' images and of the epoch's); a file without epochs
 (synthetic data) is one group. Files named NAME_SET_CASE_REP.jsonl
-(issue25.sh resize) also get a table at the end: per set and case, the
+(image_pipeline.sh resize) also get a table at the end: per set and case, the
 whole-run means of its rounds and their mean against NAME_synthetic_REP's.
 """
 import json

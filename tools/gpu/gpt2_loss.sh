@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPT-2 training loss, lamp against PyTorch from the same initial weights, on
 # one GPU in one call (< 10 minutes): builds lamp's examples/gpt_amp
-# (tools/gpu/issue25.sh build), makes real-text BPE tokens
+# (tools/gpu/build.sh), makes real-text BPE tokens
 # (tools/gpu/gpt2_corpus.sh, MB=30), trains GPT-2 (124M) with lamp (bf16, the
 # whole step in a CUDA graph), which writes its initial weights (--save-init),
 # then its PyTorch twin benchmarks/gpt2.py (eager, bf16) from those weights
@@ -36,7 +36,7 @@ left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 
 say "build (targets: ${TARGETS:-all})"
-if ! OUT=$OUT/build bash tools/gpu/issue25.sh build; then
+if ! OUT=$OUT/build bash tools/gpu/build.sh; then
   say "build failed; the end of $OUT/build/build.log:"
   tail -40 "$OUT/build/build.log" || true
   exit 1

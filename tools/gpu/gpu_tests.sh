@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a one-GPU host: builds lamp into build-gpu (tools/gpu/issue25.sh build),
+# On a one-GPU host: builds lamp into build-gpu (tools/gpu/build.sh),
 # runs the `gpu` label (Fashion-MNIST linked from .deps), then the suites
 # named in SUITES under compute-sanitizer's memcheck. Writes $OUT/build.log,
 # $OUT/ctest.log, $OUT/memcheck.log.
@@ -7,7 +7,7 @@
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 mkdir -p "$OUT"
-OUT=$OUT bash tools/gpu/issue25.sh build || exit 1
+OUT=$OUT bash tools/gpu/build.sh || exit 1
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 mkdir -p /usr/share/datasets
 [ -e /usr/share/datasets/fashion-mnist ] ||

@@ -142,7 +142,7 @@ struct LAMP_API ImageLoaderOptions {
   /// The loader alone gets faster (H200 host, 16 threads: 14.7k -> 15.9k
   /// images/s on photographs), but the resize then shares the GPU with the
   /// training step: ResNet-50 fp16 bs256 fed by it was 0.1-1.1 ms a step
-  /// slower in 5 of 6 runs (benchmarks/README.md, 2026-12-03). Worth trying
+  /// slower in 5 of 6 runs (docs/design/image-loader.md). Worth trying
   /// where the GPU waits for the CPU. The pixels are then those of the GPU's
   /// resize (in float, as for nvJPEG's images: within 2 levels of the CPU's
   /// fixed-point resize). Default: false.

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Issue 26's goals in one call, on a one-GPU host where build-gpu/ is built
-# (tools/gpu/issue25.sh build): benchmarks/compare.py --fused-bn at bs256
-# (lamp unfused / fused, eager / graphed, the graphed tail off / on, and
-# torchvision eager; fp16 and bf16), then torch.compile's default mode on the
-# same model (benchmarks/resnet50_amp.py --compile default), then a Chrome
-# trace of lamp's fused eager step (tail off) in fp16 and in bf16 summed per kernel
-# category (tools/trace_summary.py: where bf16's extra time goes), and the
-# same at bs64 fp16 with the tail off and on.
+# ResNet-50's fused model part by part, in one call on a one-GPU host where
+# build-gpu/ is built (tools/gpu/build.sh): benchmarks/compare.py --fused-bn
+# at bs256 (lamp unfused / fused, eager / graphed, the graphed tail off / on,
+# and torchvision eager; fp16 and bf16), then torch.compile's default mode on
+# the same model (benchmarks/resnet50_amp.py --compile default), then a Chrome
+# trace of lamp's fused eager step (tail off) in fp16 and in bf16 summed per
+# kernel category (tools/trace_summary.py: where bf16's extra time goes), and
+# the same at bs64 fp16 with the tail off and on.
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue26_same_run.sh
+# Run from the repository root:  OUT=<dir> tools/gpu/resnet50_compare_traces.sh
 # Writes to $OUT: compare.log, compile_fp16.log, trace_summary.txt, trace_*.log.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 mkdir -p "$OUT"
 B=build-gpu
 T0=$(date +%s)
-say() { echo "[issue26_same_run $(($(date +%s) - T0))s] $*"; }
+say() { echo "[resnet50_compare_traces $(($(date +%s) - T0))s] $*"; }
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 
 say "compare.py --fused-bn"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 26's goals in one call on a one-GPU host, about 7 minutes: builds
-# lamp (tools/gpu/issue25.sh build), then resnet50_amp graphed at its
-# defaults (bs256 fp16 and bf16 twice each, interleaved; bs64 fp16 and
-# bf16), then PyTorch's twin (benchmarks/resnet50_amp.py, bs256
-# channels-last) eager in fp16 and bf16 and torch.compile's default mode in
-# fp16, then in bf16 while time is left (COMPILE_BF16=0 skips it).
+# ResNet-50, lamp against PyTorch, in one call on a one-GPU host, about 7
+# minutes (docs/benchmarks.md's first table): builds lamp
+# (tools/gpu/build.sh), then resnet50_amp graphed at its defaults (bs256 fp16
+# and bf16 twice each, interleaved; bs64 fp16 and bf16), then PyTorch's twin
+# (benchmarks/resnet50_amp.py, bs256 channels-last) eager in fp16 and bf16 and
+# torch.compile's default mode in fp16, then in bf16 while time is left
+# (COMPILE_BF16=0 skips it).
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue26_goals.sh
+# Run from the repository root:  OUT=<dir> tools/gpu/resnet50_vs_pytorch.sh
 # Needs .deps/ (tools/gpu/deps.sh; pass carry [".deps"]). Writes to $OUT:
 # logs.tgz (build.log, ab_*.jsonl/.log, py_*.log) and prints a summary.
 set -u

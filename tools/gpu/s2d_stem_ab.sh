@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The stem's convolution as lamp::nn::space_to_depth_conv2d (resnet50_amp's
 # default with the fused model in bf16; --no-s2d-stem turns it off) on a
-# one-GPU host, in about 6 minutes: builds lamp (tools/gpu/issue25.sh
-# build), runs its tests and compute-sanitizer's memcheck on its GPU tests,
-# times resnet50_amp graphed bs256 bf16 with and without the rearranged
-# stem (pairs interleaved, twice), fp16 at its default and with --s2d-stem,
-# bs64 bf16 each way, traces one eager bf16 step each way (per-category
-# kernel time, tools/trace_summary.py), then the example's tests, or with
-# GPU_CTEST=1 every test labelled gpu (Fashion-MNIST linked from .deps).
+# one-GPU host, in about 6 minutes: builds lamp (tools/gpu/build.sh), runs its
+# tests and compute-sanitizer's memcheck on its GPU tests, times resnet50_amp
+# graphed bs256 bf16 with and without the rearranged stem (pairs interleaved,
+# twice), fp16 at its default and with --s2d-stem, bs64 bf16 each way, traces
+# one eager bf16 step each way (per-category kernel time,
+# tools/trace_summary.py), then the example's tests, or with GPU_CTEST=1 every
+# test labelled gpu (Fashion-MNIST linked from .deps).
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue26_stem.sh
+# Run from the repository root:  OUT=<dir> tools/gpu/s2d_stem_ab.sh
 # Needs .deps/ (tools/gpu/deps.sh; pass carry [".deps"]). Writes to $OUT:
 # logs.tgz (build.log, tests.log, memcheck.log, ab_*.jsonl/.log,
 # trace_*.log, sum.txt, ctest.log) and prints a summary.

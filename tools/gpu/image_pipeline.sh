@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The image pipeline on a one-GPU host, in under 10 minutes: builds lamp
-# (with nvJPEG), runs the lamp::data tests (CPU and GPU), writes the photo
-# and hard benchmark sets (benchmarks/make_jpegs.py), times the loader alone
-# (every decoder, partial decode on and off, torchvision's DataLoader and
-# torchvision.io.decode_jpeg on the GPU) and ResNet-50 fp16 channels-last
-# bs256 graphed on each set against the same step on synthetic data.
+# The image pipeline on a one-GPU host, in under 10 minutes: builds lamp with
+# nvJPEG (tools/gpu/build.sh), runs the lamp::data tests (CPU and GPU), writes
+# the photo and hard benchmark sets (benchmarks/make_jpegs.py), times the
+# loader alone (every decoder, partial decode on and off, torchvision's
+# DataLoader and torchvision.io.decode_jpeg on the GPU) and ResNet-50 fp16
+# channels-last bs256 graphed on each set against the same step on synthetic
+# data. Other steps are the A/B runs behind the loader's defaults
+# (docs/design/image-loader.md).
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue25.sh [STEPS]
+# Run from the repository root:  OUT=<dir> tools/gpu/image_pipeline.sh [STEPS]
 # STEPS (default build,tests,sets,loader,e2e): any of build tests sets
 # loader probe roi e2e epochs dct prio now alloc firstpass backends resize
-# workers, comma-separated.
+# workers, comma-separated (`build` alone: what tools/gpu/build.sh does;
+# TARGETS limits it).
 # Needs .deps/ (Debian's libjpeg-turbo, libpng, GoogleTest, CLI11 unpacked
 # with dpkg -x, and PyPI's nvidia-nvjpeg under .deps/nvjpeg), and python3
 # with torch, torchvision and Pillow. Writes to $OUT:
@@ -21,28 +24,13 @@ mkdir -p "$OUT"
 ROOT=$PWD
 B=$ROOT/build-gpu
 T0=$(date +%s)
-say() { echo "[issue25 $(($(date +%s) - T0))s] $*"; }
+say() { echo "[image_pipeline $(($(date +%s) - T0))s] $*"; }
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH="$ROOT/.deps/usr/lib/x86_64-linux-gnu:$ROOT/.deps/lib/x86_64-linux-gnu:$ROOT/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 
 if want build; then
-  say "configure + build"
-  {
-    nvidia-smi -L
-    cmake -S . -B "$B" -G Ninja -DCMAKE_PREFIX_PATH="$ROOT/.deps/usr" \
-      -DCMAKE_CXX_FLAGS="-isystem $ROOT/.deps/usr/include/x86_64-linux-gnu" \
-      -DNVJPEG_ROOT="$ROOT/.deps/nvjpeg/nvidia/cu13" -DLAMP_WITH_NVJPEG=ON \
-      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 &&
-      cmake --build "$B" -j16 ${TARGETS:+--target $TARGETS}
-  } > "$OUT/build.log" 2>&1
-  status=$?
-  grep -E "lamp: " "$OUT/build.log"
-  if [ $status -ne 0 ]; then
-    say "build failed"
-    grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80
-    exit 1
-  fi
+  OUT=$OUT bash tools/gpu/build.sh || exit 1
 fi
 
 if want sets; then

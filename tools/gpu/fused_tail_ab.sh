@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The fused bottleneck tail (lamp::nn::conv_bn_add_relu) on a one-GPU host,
-# in about 5 minutes: builds lamp (tools/gpu/issue25.sh build), runs the
+# in about 5 minutes: builds lamp (tools/gpu/build.sh), runs the
 # fused layers' GPU tests, times resnet50_amp graphed with and without the
 # tail (pairs interleaved: bs256 fp16 twice, bs256 bf16, bs64 fp16), the
 # example tests, a 1,000-step loss curve each way and compute-sanitizer's
 # memcheck on the new kernels' tests.
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue26.sh
+# Run from the repository root:  OUT=<dir> tools/gpu/fused_tail_ab.sh
 # Needs .deps/ (tools/gpu/deps.sh; pass carry [".deps"]). Writes to $OUT:
 # build.log, tests.log, ab_*.jsonl/.log, ctest.log, curve_*.jsonl/.log,
 # memcheck.log, and logs.tgz with all of them (a device call returns at most

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# After tools/gpu/issue26.sh in the same call (build-gpu/ built): Chrome
+# After tools/gpu/fused_tail_ab.sh in the same call (build-gpu/ built): Chrome
 # traces of the graphed-model's eager step with the fused tail (bs64 and
 # bs256 fp16, bs256 bf16) summed per kernel category (tools/trace_summary.py),
 # bf16 graphed with cuDNN's autotuning (--cudnn-benchmark) with the tail off
 # and on, and the tail's GraphedStep test eight times while other GPU tests
 # run beside it.
 #
-# Run from the repository root:  OUT=<dir> tools/gpu/issue26_traces.sh
+# Run from the repository root:  OUT=<dir> tools/gpu/fused_tail_traces.sh
 # Writes to $OUT/t: tail*.json.gz, sum.txt, bench_*.jsonl/.log.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 14 on a GPU host, in about 7 minutes: builds lamp, runs the fused
+# The fused BatchNorm (lamp::nn::BatchNormAct2d and the kernels around it)
+# on a GPU host, in about 7 minutes: builds lamp into /tmp/b, runs the fused
 # BatchNorm and ResNet-50 tests (CPU and GPU), traces ResNet-50 bs256 fp16
 # channels-last with and without the fused BatchNorm (kernel time per
 # category), then benchmarks fused vs unfused vs PyTorch eager.
 #
-# Run from the repository root on the device:  OUT=<dir> tools/gpu/issue14.sh
+# Run from the repository root on the device:  OUT=<dir> tools/gpu/fused_bn.sh
 # Writes to $OUT (each file as soon as its step ends):
 #   build.log          configure + build output (and nvidia-smi, cuDNN found)
 #   ctest.log          ctest -R 'BatchNormAct|BatchCount|NonFinite|MemsetNodes|MaxPool|...' -V
@@ -20,7 +21,7 @@ B=/tmp/b
 START=$(date +%s)
 DEADLINE=$((START + 540)) # the benchmark stops here (9 min)
 left() { echo $((DEADLINE - $(date +%s))); }
-say() { echo "[issue14 $(($(date +%s) - START))s] $*"; }
+say() { echo "[fused_bn $(($(date +%s) - START))s] $*"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 say "configure + build"
@@ -48,7 +49,7 @@ grep -E "^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|\*\*\*|peak memory|mean
 say "ctest exit $status"
 
 say "traces (resnet50_amp bs256 fp16 channels-last, last 5 steps)"
-T=/tmp/issue14-traces
+T=/tmp/fused_bn-traces
 rm -rf "$T" && mkdir -p "$T"
 for bn in fused no-fused; do
   timeout 60 "$B/examples/resnet50_amp" --device cuda --precision fp16 \
