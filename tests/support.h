@@ -2,6 +2,8 @@
 
 // Helpers shared by lamp's tests.
 
+#include <lamp/cuda_graph.h>
+
 #include <c10/util/Exception.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -327,6 +329,28 @@ inline int free_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+/// Runs a training step `steps` times on `inputs`: through
+/// lamp::GraphedStep (warm-up, capture, replays) when `graphed`, expecting
+/// it captured, else eagerly. For tests that compare the two.
+inline void run_steps(
+    bool graphed,
+    const lamp::GraphedStep::Function& step,
+    const std::vector<torch::Tensor>& inputs,
+    torch::optim::Optimizer& optimizer,
+    int steps = 6) {
+  if (!graphed) {
+    for (int i = 0; i < steps; ++i) {
+      step(inputs);
+    }
+    return;
+  }
+  lamp::GraphedStep g(step, inputs, {&optimizer});
+  for (int i = 0; i < steps; ++i) {
+    g(inputs);
+  }
+  EXPECT_TRUE(g.is_captured());
 }
 
 /// Fixture of single-GPU tests: skipped (not passed) without CUDA. Name

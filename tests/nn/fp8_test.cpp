@@ -214,17 +214,7 @@ TEST(Fp8Gpu, GraphedStepsEqualEagerSteps) {
       opt.step();
       return loss.detach();
     };
-    if (graphed) {
-      lamp::GraphedStep g(step, {x, y}, {&opt});
-      for (int i = 0; i < 6; ++i) {
-        g({x, y});
-      }
-      EXPECT_TRUE(g.is_captured());
-    } else {
-      for (int i = 0; i < 6; ++i) {
-        step({x, y});
-      }
-    }
+    lamp::test::run_steps(graphed, step, {x, y}, opt);
     return net->parameters()[0].detach().clone();
   };
   const auto eager = train(false);

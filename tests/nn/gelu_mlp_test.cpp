@@ -264,17 +264,7 @@ TEST_F(GeluMlpGpu, GraphedStepsEqualEagerSteps) {
       opt.step();
       return loss.detach();
     };
-    if (graphed) {
-      lamp::GraphedStep g(step, {x, y}, {&opt});
-      for (int i = 0; i < 6; ++i) {
-        g({x, y});
-      }
-      EXPECT_TRUE(g.is_captured());
-    } else {
-      for (int i = 0; i < 6; ++i) {
-        step({x, y});
-      }
-    }
+    lamp::test::run_steps(graphed, step, {x, y}, opt);
     return torch::cat({fc->weight.detach().flatten(), fc->bias.detach(),
                        proj->weight.detach().flatten()});
   };
