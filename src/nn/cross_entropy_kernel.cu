@@ -59,9 +59,6 @@ __device__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 __device__ MaxSum add(MaxSum a, float x) {
-  if (x == -INFINITY) {
-    return a; // exp(-inf) adds nothing (and exp(-inf - -inf) is NaN)
-  }
   if (x <= a.max) {
     return {a.max, a.sum + expf(x - a.max)};
   }
@@ -132,41 +129,18 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
   auto* packed = reinterpret_cast<Pack<T>*>(row);
 
   MaxSum ms{-INFINITY, 0.f};
-  bool nan = false;
-  // NOTE: a vector at a time: its max, the running sum rescaled at most
-  // once, then an exp per element, no branch per element (an exp and a
-  // branch per element made this loop, not the memory, the limit).
   for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
     const Pack<T> p = packed[i];
-    float v[kPack<T>];
-    float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kPack<T>; ++k) {
-      v[k] = to_float(p.v[k]);
-      m = fmaxf(m, v[k]);
-      nan = nan || isnan(v[k]);
-    }
-    if (m > ms.max) {
-      ms.sum *= expf(ms.max - m);
-      ms.max = m;
-    }
-    // NOTE: a vector of -inf (masked) logits adds nothing (exp(-inf - -inf)
-    // would be NaN).
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < kPack<T>; ++k) {
-        ms.sum += expf(v[k] - ms.max);
-      }
+      ms = add(ms, to_float(p.v[k]));
     }
   }
   for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     ms = add(ms, to_float(row[j]));
   }
   ms = block_combine(ms);
-  // NOTE: fmaxf above skips NaN: a NaN logit makes the row's loss NaN here,
-  // as in Python.
-  const bool row_nan = __syncthreads_or(nan);
-  const float lse = row_nan ? NAN : ms.max + logf(ms.sum);
+  const float lse = ms.max + logf(ms.sum);
   const bool in_range = t >= 0 && t < classes;
   if (threadIdx.x == 0) {
     loss[r] = ignored ? 0.f : in_range ? lse - to_float(row[t]) : NAN;

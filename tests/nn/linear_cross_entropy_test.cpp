@@ -169,10 +169,9 @@ TEST(LinearCrossEntropy, BadInputIsAClearError) {
 
 class LinearCrossEntropyGpu : public lamp::test::GpuTest {};
 
-// lamp's kernels: a row held in registers where it fits in 16-byte vectors
-// (1,024 classes; 40,000 in fp16/bf16), two passes over 16-byte vectors
-// where it does not fit (40,000 in fp32), one element at a time where rows
-// are not vectors (1,001), in every dtype, several chunks.
+// lamp's kernel: 16-byte vectors where a row allows (1,024 and 40,000
+// classes), one element at a time where not (1,001), in every dtype,
+// several chunks.
 TEST_F(LinearCrossEntropyGpu, KernelEqualsAtensComposition) {
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
     for (const int64_t classes : {1024, 1001, 40000}) {
@@ -205,7 +204,8 @@ TEST_F(LinearCrossEntropyGpu, OutOfRangeTargetGivesANanLoss) {
   EXPECT_TRUE(std::isnan(loss.item<float>()));
 }
 
-// A NaN logit makes its row's loss NaN, as in Python, in both kernels.
+// A NaN logit makes its row's loss NaN, as in Python, in 16-byte vectors
+// (32 classes) and one element at a time (33).
 TEST_F(LinearCrossEntropyGpu, NanLogitGivesANanLoss) {
   for (const int64_t classes : {32, 33}) {
     auto p = problem({4, 16}, classes, torch::kCUDA);
