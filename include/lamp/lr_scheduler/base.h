@@ -232,6 +232,11 @@ class LAMP_API LRScheduler {
   friend class SequentialLR;
   friend class ChainedScheduler;
 
+  // The `_schedulers` key of SequentialLR and ChainedScheduler: each
+  // scheduler's state dict, checked by that scheduler.
+  static StateField schedulers_field(
+      const std::vector<std::shared_ptr<LRScheduler>>& schedulers);
+
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<detail::InitialLrs> initial_lrs_;
 };

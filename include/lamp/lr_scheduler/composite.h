@@ -13,7 +13,9 @@ namespace lamp::optim {
 /// Runs `schedulers` one after the other, switching at `milestones`, as
 /// Python's `SequentialLR`. All must belong to `optimizer`; none may be a
 /// `ReduceLROnPlateau`. At a milestone the next scheduler restarts from
-/// epoch 0 (its closed form where it has one, as in Python).
+/// epoch 0 (its closed form where it has one, as in Python). State keys:
+/// `_milestones`, `last_epoch`, `_last_lr` and `_schedulers` (the
+/// schedulers' state dicts), as Python.
 ///
 /// Example (linear warm-up, then cosine decay):
 /// \code
@@ -39,9 +41,6 @@ class LAMP_API SequentialLR : public LRScheduler {
   }
   /// One step, as Python's `step()`.
   void step() override;
-  /// Keys `_milestones`, `last_epoch`, `_last_lr` and `_schedulers` (the
-  /// schedulers' state dicts), as Python.
-  StateDict state_dict() const override;
   /// The schedulers, in order.
   const std::vector<std::shared_ptr<LRScheduler>>& schedulers() const {
     return schedulers_;
@@ -49,9 +48,6 @@ class LAMP_API SequentialLR : public LRScheduler {
 
  protected:
   std::vector<StateField> state_fields() override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
 
  private:
   void recursive_undo(LRScheduler& scheduler);
@@ -63,7 +59,8 @@ class LAMP_API SequentialLR : public LRScheduler {
 /// Steps all `schedulers` at every step, so that their factors multiply, as
 /// Python's `ChainedScheduler`. All must belong to one optimizer (by default
 /// the first scheduler's); none may be a `ReduceLROnPlateau`. `last_epoch()`
-/// is the last scheduler's (Python's ChainedScheduler has none).
+/// is the last scheduler's (Python's ChainedScheduler has none). State
+/// keys: `_last_lr` and `_schedulers`, as Python.
 ///
 /// Example:
 /// \code
@@ -85,8 +82,6 @@ class LAMP_API ChainedScheduler : public LRScheduler {
   }
   /// One step, as Python's `step()`.
   void step() override;
-  /// Keys `_last_lr` and `_schedulers`, as Python.
-  StateDict state_dict() const override;
   /// The schedulers, in order.
   const std::vector<std::shared_ptr<LRScheduler>>& schedulers() const {
     return schedulers_;

@@ -124,8 +124,6 @@ class LAMP_API OneCycleLR : public LRScheduler {
   std::string name() const override {
     return "OneCycleLR";
   }
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
   /// Length of the cycle in steps.
   int64_t total_steps() const {
     return total_steps_;
@@ -133,9 +131,7 @@ class LAMP_API OneCycleLR : public LRScheduler {
 
  protected:
   std::vector<double> get_lr() override;
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
+  std::vector<StateField> state_fields() override;
 
  private:
   // One phase of the cycle (Python's `_SchedulePhase`): the values named

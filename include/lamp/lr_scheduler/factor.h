@@ -21,10 +21,6 @@ namespace detail {
 /// the groups), not saved: `state_dict()["lr_lambdas"]` is a list of None,
 /// as Python's for plain functions.
 class LAMP_API LambdaScheduler : public LRScheduler {
- public:
-  /// Python's `state_dict()` of this scheduler.
-  StateDict state_dict() const override;
-
  protected:
   /// `per_group`: `lr_lambdas` is the list of one per group; else its one
   /// function serves every group.
@@ -33,11 +29,11 @@ class LAMP_API LambdaScheduler : public LRScheduler {
       std::vector<LRLambda> lr_lambdas,
       bool per_group,
       int64_t last_epoch);
-  std::function<void()> check_state_dict(
-      const c10::impl::GenericDict& state,
-      const std::string& where) override;
-  /// Throws unless there is one function per entry of `lrs`.
-  void check_count(size_t lrs, const char* what) const;
+  std::vector<StateField> state_fields() override;
+  /// Each of `lrs` times its group's function of `last_epoch`; throws
+  /// unless there is one function per entry of `lrs` (`what`: of what).
+  std::vector<double> times_lambdas(std::vector<double> lrs, const char* what)
+      const;
 
   std::vector<LRLambda> lr_lambdas_;
 };

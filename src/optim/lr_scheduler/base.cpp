@@ -1,6 +1,7 @@
 #include <lamp/lr_scheduler/base.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -163,13 +164,8 @@ void LRScheduler::initial_step() {
   // restore a previous value).
   step_count_ = 0;
   is_initial_ = true;
-  try {
-    step();
-  } catch (...) {
-    is_initial_ = false;
-    throw;
-  }
-  is_initial_ = false;
+  auto reset = c10::make_scope_exit([this] { is_initial_ = false; });
+  step();
 }
 
 void LRScheduler::step() {
@@ -187,8 +183,10 @@ std::optional<std::vector<double>> LRScheduler::get_closed_form_lr() const {
 
 void LRScheduler::update_lr(std::optional<int64_t> epoch) {
   std::vector<double> values;
-  get_lr_called_within_step_ = true;
-  try {
+  {
+    get_lr_called_within_step_ = true;
+    auto reset =
+        c10::make_scope_exit([this] { get_lr_called_within_step_ = false; });
     if (!epoch) {
       ++last_epoch_;
       values = get_lr();
@@ -197,11 +195,7 @@ void LRScheduler::update_lr(std::optional<int64_t> epoch) {
       auto closed_form = get_closed_form_lr();
       values = closed_form ? std::move(*closed_form) : get_lr();
     }
-  } catch (...) {
-    get_lr_called_within_step_ = false;
-    throw;
   }
-  get_lr_called_within_step_ = false;
   auto& groups = optimizer_.param_groups();
   TORCH_CHECK(
       values.size() == groups.size(),
@@ -278,10 +272,21 @@ void LRScheduler::append_state(StateDict& state) const {
   // NOTE: state_fields() hands out pointers to members for loading too;
   // here they are only read.
   for (const auto& field : const_cast<LRScheduler*>(this)->state_fields()) {
+    if (field.save) {
+      if (auto value = field.save()) {
+        state.insert(field.key, std::move(*value));
+      }
+      continue;
+    }
     state.insert(
         field.key,
         std::visit(
-            [](const auto* member) { return detail::to_ivalue(*member); },
+            [](auto member) -> c10::IValue {
+              if constexpr (std::is_pointer_v<decltype(member)>) {
+                return detail::to_ivalue(*member);
+              }
+              return {};
+            },
             field.member));
   }
 }
@@ -317,11 +322,18 @@ std::function<void()> LRScheduler::check_state_dict(
     if (!field.valid) {
       check_up_to(values.size());
     }
+    if (field.check) {
+      values.push_back(field.check(reader));
+      continue;
+    }
     values.push_back(std::visit(
-        [&](auto* member) -> StateField::Value {
+        [&](auto member) -> StateField::Value {
           using T = std::remove_pointer_t<decltype(member)>;
           const std::string key = field.key;
-          if constexpr (std::is_same_v<T, int64_t>) {
+          if constexpr (std::is_same_v<T, std::monostate>) {
+            TORCH_INTERNAL_ASSERT(false, key, " has no member and no check");
+            return StateField::Value();
+          } else if constexpr (std::is_same_v<T, int64_t>) {
             return field.is_integral ? reader.get_integral(key)
                                      : reader.get_int(key);
           } else if constexpr (std::is_same_v<T, bool>) {
@@ -347,9 +359,13 @@ std::function<void()> LRScheduler::check_state_dict(
   return [fields = std::move(fields), values = std::move(values)]() mutable {
     for (size_t i = 0; i < fields.size(); ++i) {
       std::visit(
-          [&](auto* member) {
-            using T = std::remove_pointer_t<decltype(member)>;
-            *member = std::get<T>(std::move(values[i]));
+          [&](auto member) {
+            if constexpr (std::is_pointer_v<decltype(member)>) {
+              using T = std::remove_pointer_t<decltype(member)>;
+              *member = std::get<T>(std::move(values[i]));
+            } else {
+              std::get<std::function<void()>>(values[i])();
+            }
           },
           fields[i].member);
     }

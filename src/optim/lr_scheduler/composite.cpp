@@ -77,48 +77,6 @@ torch::optim::Optimizer& chained_optimizer(
   return schedulers[0]->optimizer();
 }
 
-// `state` with Python's `_schedulers`: the schedulers' state dicts.
-LRScheduler::StateDict with_children(
-    LRScheduler::StateDict state,
-    const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
-  c10::impl::GenericList children(c10::AnyType::get());
-  for (const auto& scheduler : schedulers) {
-    children.push_back(scheduler->state_dict());
-  }
-  state.insert("_schedulers", children);
-  return state;
-}
-
-// `own` (the composite's own keys, checked), then each scheduler's entry of
-// `_schedulers` in `state`, checked through `check`
-// (LRScheduler::check_state_dict, which only the composites may call):
-// returns a function that applies them all.
-std::function<void()> check_children(
-    std::function<void()> own,
-    const std::vector<std::shared_ptr<LRScheduler>>& schedulers,
-    const c10::impl::GenericDict& state,
-    const std::string& where,
-    const std::function<std::function<void()>(
-        LRScheduler&,
-        const c10::impl::GenericDict&,
-        const std::string&)>& check) {
-  const auto states = detail::StateReader(state, where)
-                          .get_dict_list("_schedulers", schedulers.size());
-  std::vector<std::function<void()>> apply{std::move(own)};
-  for (size_t i = 0; i < schedulers.size(); ++i) {
-    apply.push_back(check(
-        *schedulers[i],
-        states[i],
-        where + ": _schedulers[" + std::to_string(i) + "] (" +
-            schedulers[i]->name() + ")"));
-  }
-  return [apply = std::move(apply)] {
-    for (const auto& f : apply) {
-      f();
-    }
-  };
-}
-
 } // namespace
 
 // ------------------------------------------------------------- SequentialLR
@@ -192,24 +150,8 @@ std::vector<LRScheduler::StateField> SequentialLR::state_fields() {
               "a list of " + std::to_string(schedulers_.size() - 1) +
                   " ints (one fewer than schedulers)"),
       {"last_epoch", &last_epoch_},
-      {"_last_lr", &last_lr_}};
-}
-
-LRScheduler::StateDict SequentialLR::state_dict() const {
-  return with_children(LRScheduler::state_dict(), schedulers_);
-}
-
-std::function<void()> SequentialLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  return check_children(
-      LRScheduler::check_state_dict(state, where),
-      schedulers_,
-      state,
-      where,
-      [](LRScheduler& s, const auto& d, const std::string& w) {
-        return s.check_state_dict(d, w);
-      });
+      {"_last_lr", &last_lr_},
+      schedulers_field(schedulers_)};
 }
 
 // --------------------------------------------------------- ChainedScheduler
@@ -233,28 +175,46 @@ void ChainedScheduler::step() {
 }
 
 std::vector<LRScheduler::StateField> ChainedScheduler::state_fields() {
-  return {{"_last_lr", &last_lr_}};
-}
-
-LRScheduler::StateDict ChainedScheduler::state_dict() const {
-  return with_children(LRScheduler::state_dict(), schedulers_);
+  return {{"_last_lr", &last_lr_}, schedulers_field(schedulers_)};
 }
 
 std::function<void()> ChainedScheduler::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  auto apply = check_children(
-      LRScheduler::check_state_dict(state, where),
-      schedulers_,
-      state,
-      where,
-      [](LRScheduler& s, const auto& d, const std::string& w) {
-        return s.check_state_dict(d, w);
-      });
+  auto apply = LRScheduler::check_state_dict(state, where);
   return [this, apply = std::move(apply)] {
     apply();
     last_epoch_ = schedulers_.back()->last_epoch();
   };
+}
+
+// ----------------------------------------- `_schedulers` of both composites
+
+LRScheduler::StateField LRScheduler::schedulers_field(
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
+  auto save = [&schedulers] {
+    c10::impl::GenericList states(c10::AnyType::get());
+    for (const auto& scheduler : schedulers) {
+      states.push_back(scheduler->state_dict());
+    }
+    return c10::IValue(states);
+  };
+  auto check = [&schedulers](const detail::StateReader& reader) {
+    const auto states = reader.get_dict_list("_schedulers", schedulers.size());
+    std::vector<std::function<void()>> apply;
+    for (size_t i = 0; i < schedulers.size(); ++i) {
+      apply.push_back(schedulers[i]->check_state_dict(
+          states[i],
+          reader.where() + ": _schedulers[" + std::to_string(i) + "] (" +
+              schedulers[i]->name() + ")"));
+    }
+    return [apply = std::move(apply)] {
+      for (const auto& f : apply) {
+        f();
+      }
+    };
+  };
+  return {"_schedulers", save, check};
 }
 
 } // namespace lamp::optim

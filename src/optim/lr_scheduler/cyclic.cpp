@@ -10,8 +10,12 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <iterator>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "../python_repr.h"
@@ -39,31 +43,32 @@ MomentumKind momentum_kind(const torch::optim::OptimizerOptions& options) {
   return MomentumKind::kNone;
 }
 
+// Sets `options`' momentum (or beta1) when they are `Options`.
+template <typename Options>
+bool set_momentum_of(torch::optim::OptimizerOptions& options, double value) {
+  auto* typed = dynamic_cast<Options*>(&options);
+  if constexpr (
+      std::is_same_v<Options, torch::optim::AdamOptions> ||
+      std::is_same_v<Options, torch::optim::AdamWOptions>) {
+    if (typed != nullptr) {
+      typed->betas(std::make_tuple(value, std::get<1>(typed->betas())));
+    }
+  } else if (typed != nullptr) {
+    typed->momentum(value);
+  }
+  return typed != nullptr;
+}
+
 void set_momentum(
     torch::optim::OptimizerOptions& options,
     bool use_beta1,
     double value) {
-  if (use_beta1) {
-    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-      adam->betas(std::make_tuple(value, std::get<1>(adam->betas())));
-      return;
-    }
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-      adamw->betas(std::make_tuple(value, std::get<1>(adamw->betas())));
-      return;
-    }
-  } else {
-    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
-      sgd->momentum(value);
-      return;
-    }
-    if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
-      rms->momentum(value);
-      return;
-    }
-  }
+  using namespace torch::optim;
   TORCH_CHECK(
-      false,
+      use_beta1 ? set_momentum_of<AdamOptions>(options, value) ||
+              set_momentum_of<AdamWOptions>(options, value)
+                : set_momentum_of<SGDOptions>(options, value) ||
+              set_momentum_of<RMSpropOptions>(options, value),
       "OneCycleLR: a param group's options have no ",
       use_beta1 ? "betas" : "momentum",
       " to cycle");
@@ -97,19 +102,10 @@ std::vector<double> one_cycle_initial_lrs(
     const torch::optim::Optimizer& optimizer,
     const OneCycleLROptions& options) {
   if (options.total_steps()) {
-    TORCH_CHECK_VALUE(
-        *options.total_steps() > 0,
-        "Expected positive integer total_steps, but got ",
-        *options.total_steps());
+    detail::check_positive("total_steps", *options.total_steps());
   } else if (options.epochs() && options.steps_per_epoch()) {
-    TORCH_CHECK_VALUE(
-        *options.epochs() > 0,
-        "Expected positive integer epochs, but got ",
-        *options.epochs());
-    TORCH_CHECK_VALUE(
-        *options.steps_per_epoch() > 0,
-        "Expected positive integer steps_per_epoch, but got ",
-        *options.steps_per_epoch());
+    detail::check_positive("epochs", *options.epochs());
+    detail::check_positive("steps_per_epoch", *options.steps_per_epoch());
   } else {
     TORCH_CHECK_VALUE(
         false,
@@ -139,9 +135,13 @@ std::vector<double> one_cycle_initial_lrs(
   return lrs;
 }
 
+// The per-group values a phase may name, in OneCycleLR::group_value's order.
+constexpr const char* kPhaseValues[] =
+    {"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"};
+
 bool is_phase_value(const std::string& name) {
-  return name == "initial_lr" || name == "max_lr" || name == "min_lr" ||
-      name == "max_momentum" || name == "base_momentum";
+  return std::find(std::begin(kPhaseValues), std::end(kPhaseValues), name) !=
+      std::end(kPhaseValues);
 }
 
 } // namespace
@@ -160,7 +160,7 @@ CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(
       T_mult_(T_mult),
       eta_min_(eta_min),
       T_cur_(last_epoch) {
-  TORCH_CHECK_VALUE(T_0 > 0, "Expected positive integer T_0, but got ", T_0);
+  detail::check_positive("T_0", T_0);
   TORCH_CHECK_VALUE(
       T_mult >= 1, "Expected integer T_mult >= 1, but got ", T_mult);
   initial_step();
@@ -185,14 +185,11 @@ void CosineAnnealingWarmRestarts::step() {
 }
 
 std::vector<double> CosineAnnealingWarmRestarts::get_lr() {
-  std::vector<double> out;
-  const double cur = static_cast<double>(T_cur_);
-  const double T_i = static_cast<double>(T_i_);
-  for (double base_lr : base_lrs_) {
-    out.push_back(
-        eta_min_ + (base_lr - eta_min_) * (1 + std::cos(kPi * cur / T_i)) / 2);
-  }
-  return out;
+  return detail::cosine_anneal(
+      base_lrs_,
+      eta_min_,
+      static_cast<double>(T_cur_),
+      static_cast<double>(T_i_));
 }
 
 std::vector<LRScheduler::StateField> CosineAnnealingWarmRestarts::
@@ -222,30 +219,26 @@ OneCycleLR::OneCycleLR(
   const double pct_start = options.pct_start();
   const double total = static_cast<double>(total_steps_);
   const double last = static_cast<double>(total_steps_ - 1);
+  schedule_phases_ = {
+      {pct_start * total - 1,
+       false,
+       "initial_lr",
+       "max_lr",
+       "max_momentum",
+       "base_momentum"}};
   if (options.three_phase()) {
-    schedule_phases_ = {
-        {pct_start * total - 1,
-         false,
-         "initial_lr",
-         "max_lr",
-         "max_momentum",
-         "base_momentum"},
+    schedule_phases_.push_back(
         {2 * pct_start * total - 2,
          false,
          "max_lr",
          "initial_lr",
          "base_momentum",
-         "max_momentum"},
-        {last, true, "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
+         "max_momentum"});
+    schedule_phases_.push_back(
+        {last, true, "initial_lr", "min_lr", "max_momentum", "max_momentum"});
   } else {
-    schedule_phases_ = {
-        {pct_start * total - 1,
-         false,
-         "initial_lr",
-         "max_lr",
-         "max_momentum",
-         "base_momentum"},
-        {last, true, "max_lr", "min_lr", "base_momentum", "max_momentum"}};
+    schedule_phases_.push_back(
+        {last, true, "max_lr", "min_lr", "base_momentum", "max_momentum"});
   }
   max_lr_ = format_param("max_lr", optimizer, options.max_lr());
   initial_lr_ = initial_lrs();
@@ -277,17 +270,13 @@ OneCycleLR::OneCycleLR(
 }
 
 double OneCycleLR::group_value(size_t group, const std::string& name) const {
+  const std::vector<double>* all[] = {
+      &initial_lr_, &max_lr_, &min_lr_, &max_momentum_, &base_momentum_};
   const std::vector<double>* values = nullptr;
-  if (name == "initial_lr") {
-    values = &initial_lr_;
-  } else if (name == "max_lr") {
-    values = &max_lr_;
-  } else if (name == "min_lr") {
-    values = &min_lr_;
-  } else if (name == "max_momentum") {
-    values = &max_momentum_;
-  } else if (name == "base_momentum") {
-    values = &base_momentum_;
+  for (size_t i = 0; i < std::size(all); ++i) {
+    if (name == kPhaseValues[i]) {
+      values = all[i];
+    }
   }
   TORCH_CHECK(
       values != nullptr && group < values->size(),
@@ -348,73 +337,71 @@ std::vector<double> OneCycleLR::get_lr() {
   return lrs;
 }
 
-LRScheduler::StateDict OneCycleLR::state_dict() const {
-  auto state = lamp::new_state_dict();
-  state.insert("total_steps", total_steps_);
-  c10::impl::GenericList phases(c10::AnyType::get());
-  for (const auto& phase : schedule_phases_) {
-    auto entry = lamp::new_state_dict();
-    if (phase.end_step_is_int) {
-      entry.insert("end_step", static_cast<int64_t>(phase.end_step));
-    } else {
-      entry.insert("end_step", phase.end_step);
-    }
-    entry.insert("start_lr", phase.start_lr);
-    entry.insert("end_lr", phase.end_lr);
-    entry.insert("start_momentum", phase.start_momentum);
-    entry.insert("end_momentum", phase.end_momentum);
-    phases.push_back(entry);
-  }
-  state.insert("_schedule_phases", phases);
-  state.insert("_anneal_func_type", anneal_func_type_);
-  state.insert("cycle_momentum", cycle_momentum_);
-  if (cycle_momentum_) {
-    state.insert("use_beta1", use_beta1_);
-  }
-  append_state(state);
-  return state;
-}
-
-std::function<void()> OneCycleLR::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  detail::StateReader reader(state, where);
-  const int64_t total_steps = reader.get_int("total_steps");
-  std::vector<Phase> phases;
-  const auto dicts = reader.get_dict_list("_schedule_phases", std::nullopt);
-  if (dicts.empty()) {
-    reader.fail("_schedule_phases", "a non-empty list of dicts", "[]");
-  }
-  for (size_t i = 0; i < dicts.size(); ++i) {
-    detail::StateReader phase_reader(
-        dicts[i], where + ": _schedule_phases[" + std::to_string(i) + "]");
-    Phase phase;
-    phase.end_step = phase_reader.get_double("end_step");
-    phase.end_step_is_int = phase_reader.get("end_step").isInt();
-    for (auto [key, field] :
-         {std::make_pair("start_lr", &phase.start_lr),
-          std::make_pair("end_lr", &phase.end_lr),
-          std::make_pair("start_momentum", &phase.start_momentum),
-          std::make_pair("end_momentum", &phase.end_momentum)}) {
-      *field = phase_reader.get_string(key);
-      if (!is_phase_value(*field)) {
-        phase_reader.fail(
-            key,
-            "one of 'initial_lr', 'max_lr', 'min_lr', 'max_momentum', "
-            "'base_momentum'",
-            "'" + *field + "'");
+std::vector<LRScheduler::StateField> OneCycleLR::state_fields() {
+  // A phase's keys that name a value, in Python's order.
+  auto names = [](auto& phase) {
+    return std::array{
+        std::pair{"start_lr", &phase.start_lr},
+        std::pair{"end_lr", &phase.end_lr},
+        std::pair{"start_momentum", &phase.start_momentum},
+        std::pair{"end_momentum", &phase.end_momentum}};
+  };
+  auto save_phases = [this, names] {
+    c10::impl::GenericList phases(c10::AnyType::get());
+    for (const auto& phase : schedule_phases_) {
+      auto entry = lamp::new_state_dict();
+      if (phase.end_step_is_int) {
+        entry.insert("end_step", static_cast<int64_t>(phase.end_step));
+      } else {
+        entry.insert("end_step", phase.end_step);
       }
+      for (auto [key, value] : names(phase)) {
+        entry.insert(key, *value);
+      }
+      phases.push_back(entry);
     }
-    phases.push_back(std::move(phase));
-  }
-  auto anneal = reader.get_string("_anneal_func_type");
-  if (anneal != "cos" && anneal != "linear") {
-    reader.fail("_anneal_func_type", "'cos' or 'linear'", "'" + anneal + "'");
-  }
-  const bool cycle_momentum = reader.get_bool("cycle_momentum");
-  bool use_beta1 = use_beta1_;
-  if (cycle_momentum) {
-    use_beta1 = reader.get_bool("use_beta1");
+    return c10::IValue(phases);
+  };
+  auto check_phases = [this, names](const detail::StateReader& reader) {
+    std::vector<Phase> phases;
+    const auto dicts = reader.get_dict_list("_schedule_phases", std::nullopt);
+    if (dicts.empty()) {
+      reader.fail("_schedule_phases", "a non-empty list of dicts", "[]");
+    }
+    for (size_t i = 0; i < dicts.size(); ++i) {
+      detail::StateReader phase_reader(
+          dicts[i],
+          reader.where() + ": _schedule_phases[" + std::to_string(i) + "]");
+      Phase phase;
+      phase.end_step = phase_reader.get_double("end_step");
+      phase.end_step_is_int = phase_reader.get("end_step").isInt();
+      for (auto [key, value] : names(phase)) {
+        *value = phase_reader.get_string(key);
+        if (!is_phase_value(*value)) {
+          phase_reader.fail(
+              key,
+              "one of 'initial_lr', 'max_lr', 'min_lr', 'max_momentum', "
+              "'base_momentum'",
+              "'" + *value + "'");
+        }
+      }
+      phases.push_back(std::move(phase));
+    }
+    return [this, phases = std::move(phases)]() mutable {
+      schedule_phases_ = std::move(phases);
+    };
+  };
+  // Python writes `use_beta1` only when cycling momentum.
+  auto save_beta1 = [this]() -> std::optional<c10::IValue> {
+    return cycle_momentum_ ? std::optional(c10::IValue(use_beta1_))
+                           : std::nullopt;
+  };
+  auto check_beta1 =
+      [this](const detail::StateReader& reader) -> std::function<void()> {
+    if (!reader.get_bool("cycle_momentum")) {
+      return [] {};
+    }
+    const bool use_beta1 = reader.get_bool("use_beta1");
     const auto kind = momentum_kind(optimizer().defaults());
     if (kind != (use_beta1 ? MomentumKind::kBeta1 : MomentumKind::kMomentum)) {
       reader.fail(
@@ -424,22 +411,15 @@ std::function<void()> OneCycleLR::check_state_dict(
               : "true only for an optimizer with betas (Adam, AdamW)",
           std::string(use_beta1 ? "true" : "false") + " for this optimizer");
     }
-  }
-  auto base = LRScheduler::check_state_dict(state, where);
-  return [this,
-          total_steps,
-          phases = std::move(phases),
-          anneal = std::move(anneal),
-          cycle_momentum,
-          use_beta1,
-          base = std::move(base)]() mutable {
-    total_steps_ = total_steps;
-    schedule_phases_ = std::move(phases);
-    anneal_func_type_ = std::move(anneal);
-    cycle_momentum_ = cycle_momentum;
-    use_beta1_ = use_beta1;
-    base();
+    return [this, use_beta1] { use_beta1_ = use_beta1; };
   };
+  return with_base_fields(
+      {{"total_steps", &total_steps_},
+       {"_schedule_phases", save_phases, check_phases},
+       StateField("_anneal_func_type", &anneal_func_type_)
+           .one_of("cos", "linear"),
+       {"cycle_momentum", &cycle_momentum_},
+       {"use_beta1", save_beta1, check_beta1}});
 }
 
 } // namespace lamp::optim

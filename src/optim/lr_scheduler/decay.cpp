@@ -35,10 +35,7 @@ StepLR::StepLR(
     double gamma,
     int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch), step_size_(step_size), gamma_(gamma) {
-  TORCH_CHECK_VALUE(
-      step_size > 0,
-      "Expected positive integer step_size, but got ",
-      step_size);
+  detail::check_positive("step_size", step_size);
   initial_step();
 }
 
@@ -179,8 +176,7 @@ CosineAnnealingLR::CosineAnnealingLR(
     double eta_min,
     int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch), T_max_(T_max), eta_min_(eta_min) {
-  TORCH_CHECK_VALUE(
-      T_max > 0, "Expected positive integer T_max, but got ", T_max);
+  detail::check_positive("T_max", T_max);
   initial_step();
 }
 
@@ -191,47 +187,41 @@ std::vector<double> CosineAnnealingLR::get_lr() {
   }
   const double T_max = static_cast<double>(T_max_);
   const double epoch = static_cast<double>(last_epoch_);
-  const bool zip_with_base = (step_count_ == 1 && last_epoch_ > 0) ||
-      (last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0;
+  const bool restart = step_count_ == 1 && last_epoch_ > 0;
+  const bool peak = (last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0;
   TORCH_CHECK(
-      !zip_with_base || base_lrs_.size() == lrs.size(),
+      !(restart || peak) || base_lrs_.size() == lrs.size(),
       name(),
       ": ",
       base_lrs_.size(),
       " base_lrs for ",
       lrs.size(),
       " param groups");
-  if (step_count_ == 1 && last_epoch_ > 0) {
-    for (size_t i = 0; i < lrs.size(); ++i) {
-      lrs[i] = eta_min_ +
-          (base_lrs_[i] - eta_min_) * (1 + std::cos(epoch * kPi / T_max)) / 2;
-    }
-  } else if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) {
+  if (restart) {
+    return detail::cosine_anneal(base_lrs_, eta_min_, epoch, T_max);
+  }
+  if (peak) {
     for (size_t i = 0; i < lrs.size(); ++i) {
       lrs[i] =
           lrs[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / T_max)) / 2;
     }
-  } else {
-    const double ratio = (1 + std::cos(kPi * epoch / T_max)) /
-        (1 + std::cos(kPi * (epoch - 1) / T_max));
-    for (auto& lr : lrs) {
-      lr = ratio * (lr - eta_min_) + eta_min_;
-    }
+    return lrs;
+  }
+  const double ratio = (1 + std::cos(kPi * epoch / T_max)) /
+      (1 + std::cos(kPi * (epoch - 1) / T_max));
+  for (auto& lr : lrs) {
+    lr = ratio * (lr - eta_min_) + eta_min_;
   }
   return lrs;
 }
 
 std::optional<std::vector<double>> CosineAnnealingLR::get_closed_form_lr()
     const {
-  const double T_max = static_cast<double>(T_max_);
-  const double epoch = static_cast<double>(last_epoch_);
-  std::vector<double> out;
-  for (double base_lr : base_lrs_) {
-    out.push_back(
-        eta_min_ +
-        (base_lr - eta_min_) * (1 + std::cos(kPi * epoch / T_max)) / 2);
-  }
-  return out;
+  return detail::cosine_anneal(
+      base_lrs_,
+      eta_min_,
+      static_cast<double>(last_epoch_),
+      static_cast<double>(T_max_));
 }
 
 std::vector<LRScheduler::StateField> CosineAnnealingLR::state_fields() {

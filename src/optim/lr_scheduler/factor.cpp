@@ -43,7 +43,7 @@ std::vector<LRLambda> lambdas_per_group(
 }
 
 // Python's `lr_lambdas` entry of the state dict: a list of None (lamp's
-// functions have no state), of one per lambda.
+// functions have no state), one per lambda.
 void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
   const auto& value = reader.get("lr_lambdas");
   const std::string expected =
@@ -70,15 +70,6 @@ void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
   }
 }
 
-// `state` with Python's `lr_lambdas`: a list of None, one per lambda.
-LRScheduler::StateDict with_lr_lambdas(
-    LRScheduler::StateDict state,
-    size_t count) {
-  state.insert(
-      "lr_lambdas", detail::to_ivalue(std::vector<c10::IValue>(count)));
-  return state;
-}
-
 } // namespace
 
 // ---------------------------------------------------------- LambdaScheduler
@@ -94,28 +85,36 @@ LambdaScheduler::LambdaScheduler(
       lr_lambdas_(
           lambdas_per_group(optimizer, std::move(lr_lambdas), per_group)) {}
 
-LRScheduler::StateDict LambdaScheduler::state_dict() const {
-  return with_lr_lambdas(LRScheduler::state_dict(), lr_lambdas_.size());
+std::vector<LRScheduler::StateField> LambdaScheduler::state_fields() {
+  auto fields = LRScheduler::state_fields();
+  fields.emplace_back(
+      "lr_lambdas",
+      [this] {
+        return detail::to_ivalue(std::vector<c10::IValue>(lr_lambdas_.size()));
+      },
+      [this](const StateReader& reader) {
+        check_lr_lambdas(reader, lr_lambdas_.size());
+        return [] {};
+      });
+  return fields;
 }
 
-std::function<void()> LambdaScheduler::check_state_dict(
-    const c10::impl::GenericDict& state,
-    const std::string& where) {
-  auto base = LRScheduler::check_state_dict(state, where);
-  check_lr_lambdas(StateReader(state, where), lr_lambdas_.size());
-  return base;
-}
-
-void LambdaScheduler::check_count(size_t lrs, const char* what) const {
+std::vector<double> LambdaScheduler::times_lambdas(
+    std::vector<double> lrs,
+    const char* what) const {
   TORCH_CHECK(
-      lr_lambdas_.size() == lrs,
+      lr_lambdas_.size() == lrs.size(),
       name(),
       ": ",
       lr_lambdas_.size(),
       " lr_lambdas for ",
-      lrs,
+      lrs.size(),
       " ",
       what);
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    lrs[i] = lrs[i] * lr_lambdas_[i](last_epoch_);
+  }
+  return lrs;
 }
 
 } // namespace detail
@@ -140,12 +139,7 @@ LambdaLR::LambdaLR(
 }
 
 std::vector<double> LambdaLR::get_lr() {
-  check_count(base_lrs_.size(), "base_lrs");
-  std::vector<double> out;
-  for (size_t i = 0; i < base_lrs_.size(); ++i) {
-    out.push_back(base_lrs_[i] * lr_lambdas_[i](last_epoch_));
-  }
-  return out;
+  return times_lambdas(base_lrs_, "base_lrs");
 }
 
 // --------------------------------------------------------- MultiplicativeLR
@@ -167,15 +161,7 @@ MultiplicativeLR::MultiplicativeLR(
 }
 
 std::vector<double> MultiplicativeLR::get_lr() {
-  auto lrs = group_lrs();
-  if (is_initial_) {
-    return lrs;
-  }
-  check_count(lrs.size(), "param groups");
-  for (size_t i = 0; i < lrs.size(); ++i) {
-    lrs[i] = lrs[i] * lr_lambdas_[i](last_epoch_);
-  }
-  return lrs;
+  return is_initial_ ? group_lrs() : times_lambdas(group_lrs(), "param groups");
 }
 
 // --------------------------------------------------------------- ConstantLR

@@ -12,6 +12,16 @@
 
 namespace lamp::optim {
 
+namespace {
+
+// Python's `mode_worse`: the worst value of the metric in `mode`.
+double mode_worse(const std::string& mode) {
+  return mode == "min" ? std::numeric_limits<double>::infinity()
+                       : -std::numeric_limits<double>::infinity();
+}
+
+} // namespace
+
 ReduceLROnPlateau::ReduceLROnPlateau(
     torch::optim::Optimizer& optimizer,
     ReduceLROnPlateauOptions options)
@@ -56,26 +66,18 @@ void ReduceLROnPlateau::init_is_better(
       "threshold mode ",
       threshold_mode,
       " is unknown!");
-  mode_worse_ = mode == "min" ? std::numeric_limits<double>::infinity()
-                              : -std::numeric_limits<double>::infinity();
+  mode_worse_ = mode_worse(mode);
   mode_ = mode;
   threshold_ = threshold;
   threshold_mode_ = threshold_mode;
 }
 
 bool ReduceLROnPlateau::is_better(double a, double best) const {
-  if (mode_ == "min" && threshold_mode_ == "rel") {
-    const double rel_epsilon = 1.0 - threshold_;
-    return a < best * rel_epsilon;
+  const bool rel = threshold_mode_ == "rel";
+  if (mode_ == "min") {
+    return rel ? a < best * (1.0 - threshold_) : a < best - threshold_;
   }
-  if (mode_ == "min" && threshold_mode_ == "abs") {
-    return a < best - threshold_;
-  }
-  if (mode_ == "max" && threshold_mode_ == "rel") {
-    const double rel_epsilon = threshold_ + 1.0;
-    return a > best * rel_epsilon;
-  }
-  return a > best + threshold_;
+  return rel ? a > best * (threshold_ + 1.0) : a > best + threshold_;
 }
 
 void ReduceLROnPlateau::step() {
@@ -156,8 +158,7 @@ std::function<void()> ReduceLROnPlateau::check_state_dict(
   return [this, apply = std::move(apply)] {
     apply();
     // NOTE: recomputed from `mode`, as Python's _init_is_better does.
-    mode_worse_ = mode_ == "min" ? std::numeric_limits<double>::infinity()
-                                 : -std::numeric_limits<double>::infinity();
+    mode_worse_ = mode_worse(mode_);
   };
 }
 

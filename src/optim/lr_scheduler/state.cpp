@@ -11,32 +11,20 @@
 namespace lamp::optim::detail {
 
 std::string python_type_name(const c10::IValue& value) {
-  if (value.isNone()) {
-    return "None";
-  }
-  if (value.isInt()) {
-    return "int";
-  }
-  if (value.isDouble()) {
-    return "float";
-  }
-  if (value.isBool()) {
-    return "bool";
-  }
-  if (value.isString()) {
-    return "str";
-  }
-  if (value.isList()) {
-    return "list";
-  }
-  if (value.isGenericDict()) {
-    return "dict";
-  }
-  if (value.isTuple()) {
-    return "tuple";
-  }
-  if (value.isTensor()) {
-    return "Tensor";
+  static const std::pair<bool (c10::IValue::*)() const, const char*> kNames[] =
+      {{&c10::IValue::isNone, "None"},
+       {&c10::IValue::isInt, "int"},
+       {&c10::IValue::isDouble, "float"},
+       {&c10::IValue::isBool, "bool"},
+       {&c10::IValue::isString, "str"},
+       {&c10::IValue::isList, "list"},
+       {&c10::IValue::isGenericDict, "dict"},
+       {&c10::IValue::isTuple, "tuple"},
+       {&c10::IValue::isTensor, "Tensor"}};
+  for (const auto& [is, name] : kNames) {
+    if ((value.*is)()) {
+      return name;
+    }
   }
   return value.tagKind();
 }

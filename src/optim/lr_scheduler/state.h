@@ -7,7 +7,9 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -19,11 +21,17 @@
 
 namespace lamp::optim {
 
+namespace detail {
+class StateReader;
+} // namespace detail
+
 /// One key of a scheduler's state dict and the member that holds it (see
 /// `state_fields()`). A `std::vector<double>` holds one value per param
 /// group; pairs are a dict int -> int (Python's Counter of milestones).
+/// A key of another shape is written and read by its own functions.
 struct LRScheduler::StateField {
   using Member = std::variant<
+      std::monostate, // a key with its own `save` and `check`
       int64_t*,
       double*,
       bool*,
@@ -41,10 +49,18 @@ struct LRScheduler::StateField {
       std::optional<double>,
       std::vector<double>,
       std::vector<int64_t>,
-      std::vector<std::pair<int64_t, int64_t>>>;
+      std::vector<std::pair<int64_t, int64_t>>,
+      std::function<void()>>; // applies a key with its own `check`
+  /// The value of a key with its own functions; nullopt: no such key.
+  using Save = std::function<std::optional<c10::IValue>()>;
+  /// Reads and checks such a key; returns what applies it (cannot throw).
+  using Check =
+      std::function<std::function<void()>(const detail::StateReader&)>;
 
   template <typename T>
   StateField(const char* key, T* member) : key(key), member(member) {}
+  StateField(const char* key, Save save, Check check)
+      : key(key), save(std::move(save)), check(std::move(check)) {}
   /// An int that may also be loaded from a float holding an integer.
   StateField& integral();
   /// A bool that is false when missing (Python's class default).
@@ -58,6 +74,8 @@ struct LRScheduler::StateField {
 
   const char* key;
   Member member;
+  Save save;
+  Check check;
   bool is_integral = false;
   bool is_or_false = false;
   /// The extra requirement on a loaded value, if any, and its description.
@@ -76,6 +94,26 @@ inline std::vector<double> times(std::vector<double> lrs, double factor) {
     lr = lr * factor;
   }
   return lrs;
+}
+
+/// Python's cosine annealing from `base_lr` to `eta_min`, at `cur` of `T`:
+/// `eta_min + (base_lr - eta_min) * (1 + cos(pi * cur / T)) / 2`, one per
+/// base lr, in Python's order of operations.
+inline std::vector<double> cosine_anneal(
+    std::vector<double> base_lrs,
+    double eta_min,
+    double cur,
+    double T) {
+  for (auto& lr : base_lrs) {
+    lr = eta_min + (lr - eta_min) * (1 + std::cos(kPi * cur / T)) / 2;
+  }
+  return base_lrs;
+}
+
+/// Python's check of a positive int argument (`name` as in the message).
+inline void check_positive(const char* name, int64_t value) {
+  TORCH_CHECK_VALUE(
+      value > 0, "Expected positive integer ", name, ", but got ", value);
 }
 
 /// A value of a state dict as Python holds it: ints, floats, bools and strs
