@@ -13,6 +13,7 @@
 #include "jpeg_decoder.h"
 #include "png_reader.h"
 #include "sample_pipeline.h"
+#include "transforms_detail.h"
 
 namespace lamp::data {
 namespace detail {

@@ -1,6 +1,7 @@
 #include "resize_batch.h"
 
 #include "resize_kernel.h"
+#include "transforms_detail.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>

@@ -89,14 +89,6 @@ std::string transform_placed_into(
     torch::Tensor& decoded,
     torch::Tensor out);
 
-// Throws c10::ValueError naming `who` unless `box` lies inside a `height` x
-// `width` image (resized_crop's check, shared with the batched GPU path).
-void check_box_inside(
-    const CropBox& box,
-    int64_t height,
-    int64_t width,
-    const char* who);
-
 // For the GPU's resize (Recipe::gpu_resize): decodes the
 // crop of a JPEG (training with partial decoding: the region decoded is the
 // crop) into `reserve(bytes)`, uint8 [h, w, 3], and returns the crop's

@@ -1,6 +1,7 @@
 #include <lamp/data/transforms.h>
 
 #include "sample_pipeline.h"
+#include "transforms_detail.h"
 
 #include <torch/torch.h>
 
