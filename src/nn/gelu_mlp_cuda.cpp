@@ -128,7 +128,11 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       return out;
     }
     const auto g = torch::autograd::grad(
-        {y}, inputs, {dy}, /*retain_graph=*/true, /*create_graph=*/true,
+        {y},
+        inputs,
+        {dy},
+        /*retain_graph=*/true,
+        /*create_graph=*/true,
         /*allow_unused=*/true);
     for (size_t j = 0; j < which.size(); ++j) {
       out[which[j]] = g[j];
@@ -163,8 +167,8 @@ bool gelu_mlp_cuda_applies(
   const int64_t hidden = fc_weight.size(0);
   const int64_t out = proj_weight.size(0);
   if (input.size(-1) != c || fc_bias.size(0) != hidden ||
-      proj_weight.size(1) != hidden || proj_bias.size(0) != out ||
-      c % 8 != 0 || hidden % 8 != 0 || out % 8 != 0) {
+      proj_weight.size(1) != hidden || proj_bias.size(0) != out || c % 8 != 0 ||
+      hidden % 8 != 0 || out % 8 != 0) {
     return false;
   }
   if (at::autocast::is_autocast_enabled(at::kCUDA)) {

@@ -26,13 +26,13 @@
 namespace lamp::nn::detail {
 namespace {
 
-#define LAMP_CUBLASLT_CHECK(expr)                                         \
-  do {                                                                    \
-    const cublasStatus_t lamp_status_ = (expr);                           \
-    TORCH_CHECK(                                                          \
-        lamp_status_ == CUBLAS_STATUS_SUCCESS,                            \
-        "lamp: cuBLASLt call failed: " #expr ": ",                        \
-        cublasLtGetStatusString(lamp_status_));                           \
+#define LAMP_CUBLASLT_CHECK(expr)                  \
+  do {                                             \
+    const cublasStatus_t lamp_status_ = (expr);    \
+    TORCH_CHECK(                                   \
+        lamp_status_ == CUBLAS_STATUS_SUCCESS,     \
+        "lamp: cuBLASLt call failed: " #expr ": ", \
+        cublasLtGetStatusString(lamp_status_));    \
   } while (false)
 
 struct DescDeleter {
@@ -60,8 +60,10 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t a, T v) {
 }
 
 template <typename T>
-void set(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
-         T v) {
+void set(
+    cublasLtMatmulPreference_t p,
+    cublasLtMatmulPreferenceAttributes_t a,
+    T v) {
   LAMP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(p, a, &v, sizeof v));
 }
 
@@ -89,9 +91,15 @@ using Key = std::tuple<
     int, // device
     int, // epilogue
     int, // data type
-    int64_t, int64_t, int64_t, // M, N, K
-    bool, bool, // transposes
-    uint32_t, uint32_t, uint32_t, uint32_t, // alignments of b, a, out, aux
+    int64_t,
+    int64_t,
+    int64_t, // M, N, K
+    bool,
+    bool, // transposes
+    uint32_t,
+    uint32_t,
+    uint32_t,
+    uint32_t, // alignments of b, a, out, aux
     size_t>; // workspace
 std::mutex cache_mutex;
 std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algo_cache;
@@ -121,8 +129,7 @@ bool lt_matmul(
   TORCH_INTERNAL_ASSERT((transpose_b ? b.size(1) : b.size(0)) == K);
   TORCH_INTERNAL_ASSERT((transpose_b ? b.size(0) : b.size(1)) == N);
   TORCH_INTERNAL_ASSERT(aux.size(0) == M && aux.size(1) == N);
-  const cudaDataType_t type =
-      dtype == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t type = dtype == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
 
   const c10::cuda::CUDAGuard guard(out.device());
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
@@ -134,9 +141,11 @@ bool lt_matmul(
       cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const Desc desc(raw_desc);
   // See Note [Row-major GEMMs through cuBLASLt]: cuBLASLt's A is `b`.
-  set(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA,
+  set(raw_desc,
+      CUBLASLT_MATMUL_DESC_TRANSA,
       transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-  set(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB,
+  set(raw_desc,
+      CUBLASLT_MATMUL_DESC_TRANSB,
       transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   cublasLtEpilogue_t mode = CUBLASLT_EPILOGUE_DEFAULT;
   switch (epilogue) {
@@ -153,17 +162,25 @@ bool lt_matmul(
   set(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.data_ptr());
   set(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{N});
 
-  const auto a_layout = transpose_b ? layout(type, K, N, K)
-                                    : layout(type, N, K, N);
-  const auto b_layout = transpose_a ? layout(type, M, K, M)
-                                    : layout(type, K, M, K);
+  const auto a_layout =
+      transpose_b ? layout(type, K, N, K) : layout(type, N, K, N);
+  const auto b_layout =
+      transpose_a ? layout(type, M, K, M) : layout(type, K, M, K);
   const auto d_layout = layout(type, N, M, N);
 
   const Key key{
-      out.get_device(), static_cast<int>(epilogue), static_cast<int>(type),
-      M, N, K, transpose_a, transpose_b,
-      alignment(b.const_data_ptr()), alignment(a.const_data_ptr()),
-      alignment(out.const_data_ptr()), alignment(aux.const_data_ptr()),
+      out.get_device(),
+      static_cast<int>(epilogue),
+      static_cast<int>(type),
+      M,
+      N,
+      K,
+      transpose_a,
+      transpose_b,
+      alignment(b.const_data_ptr()),
+      alignment(a.const_data_ptr()),
+      alignment(out.const_data_ptr()),
+      alignment(aux.const_data_ptr()),
       workspace_size};
   std::optional<cublasLtMatmulAlgo_t> algo;
   bool known = false;
@@ -180,19 +197,27 @@ bool lt_matmul(
     LAMP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
     const Pref pref(raw_pref);
     set(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_size);
-    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-        std::get<8>(key));
-    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        std::get<9>(key));
-    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, std::get<8>(key));
+    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, std::get<9>(key));
+    set(raw_pref,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         std::get<10>(key));
-    set(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    set(raw_pref,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
         std::get<10>(key));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle, raw_desc, a_layout.get(), b_layout.get(), d_layout.get(),
-        d_layout.get(), raw_pref, 1, &result, &returned);
+        handle,
+        raw_desc,
+        a_layout.get(),
+        b_layout.get(),
+        d_layout.get(),
+        d_layout.get(),
+        raw_pref,
+        1,
+        &result,
+        &returned);
     if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
       algo = result.algo;
     } else {
@@ -211,10 +236,21 @@ bool lt_matmul(
   const float alpha = 1.0f;
   const float beta = 0.0f;
   LAMP_CUBLASLT_CHECK(cublasLtMatmul(
-      handle, raw_desc, &alpha, b.const_data_ptr(), a_layout.get(),
-      a.const_data_ptr(), b_layout.get(), &beta, out.const_data_ptr(),
-      d_layout.get(), out.mutable_data_ptr(), d_layout.get(), &*algo,
-      workspace, workspace_size,
+      handle,
+      raw_desc,
+      &alpha,
+      b.const_data_ptr(),
+      a_layout.get(),
+      a.const_data_ptr(),
+      b_layout.get(),
+      &beta,
+      out.const_data_ptr(),
+      d_layout.get(),
+      out.mutable_data_ptr(),
+      d_layout.get(),
+      &*algo,
+      workspace,
+      workspace_size,
       c10::cuda::getCurrentCUDAStream(out.get_device()).stream()));
   return true;
 }

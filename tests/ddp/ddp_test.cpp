@@ -553,8 +553,7 @@ LAMP_DDP_TEST(Fp8DelayedScalesFollowTheRanksLargestAmax) {
     EXPECT_EQ(t.value(rank, "done"), "");
   }
   // The input's scale: e4m3's largest value over the largest amax.
-  EXPECT_FLOAT_EQ(
-      std::stof(t.value(0, "scales")), 448.0f / largest);
+  EXPECT_FLOAT_EQ(std::stof(t.value(0, "scales")), 448.0f / largest);
   // Without the group the ranks' scales differ (rank r's input is r + 1
   // times as large).
   EXPECT_NE(t.value(0, "own_scale"), t.value(1, "own_scale"));

@@ -451,9 +451,8 @@ int run_fp8_amax(const Args& a) {
   const auto device = pg->device();
   std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
   out << std::setprecision(9);
-  const auto delayed = lamp::Fp8Recipe()
-                           .scaling(lamp::Fp8Scaling::kDelayed)
-                           .amax_history_len(4);
+  const auto delayed =
+      lamp::Fp8Recipe().scaling(lamp::Fp8Scaling::kDelayed).amax_history_len(4);
   const auto shared = lamp::Fp8Recipe(delayed).amax_group(pg);
   torch::manual_seed(3);
   lamp::nn::Linear fc(32, 16), own(32, 16);

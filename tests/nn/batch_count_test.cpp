@@ -1,8 +1,8 @@
 // lamp::nn::BatchCountGuard: after the guard, every num_batches_tracked (and
 // every other buffer) holds what it holds without the guard, whatever ran;
 // inside a captured GraphedStep every replay counts (*Gpu).
-#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -209,7 +209,8 @@ TEST_F(BatchCountGuardGpu, EveryReplayOfACapturedStepCounts) {
   }
   ASSERT_TRUE(step.is_captured());
   EXPECT_EQ(
-      lamp::nn::detail::batch_norm_act_last_path(), lamp::nn::BatchNormActPath::kCudnnFused)
+      lamp::nn::detail::batch_norm_act_last_path(),
+      lamp::nn::BatchNormActPath::kCudnnFused)
       << lamp::nn::detail::batch_norm_act_fallback_reason();
   EXPECT_EQ(graphed.net->bn1->num_batches_tracked.item<int64_t>(), 8);
   EXPECT_EQ(graphed.net->bn2->num_batches_tracked.item<int64_t>(), 8);

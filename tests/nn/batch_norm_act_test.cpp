@@ -1,5 +1,5 @@
-#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -138,7 +138,9 @@ void expect_matches_unfused(const Config& c) {
     auto x2 = x.clone().requires_grad_();
     auto z2 = z.clone().requires_grad_();
     auto y1 = fused(x1, c.residual ? z1 : torch::Tensor());
-    EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kComposite);
+    EXPECT_EQ(
+        lamp::nn::detail::batch_norm_act_last_path(),
+        BatchNormActPath::kComposite);
     auto y2 = unfused(plain, c, x2, z2);
     expect_same(y1, y2, "output");
     y1.backward(dy);
@@ -184,7 +186,9 @@ TEST(BatchNormAct, CpuFallbackMatchesUnfusedInEveryConfiguration) {
 TEST(BatchNormAct, SaysWhyItTookTheFallback) {
   BatchNormAct2d bn(8);
   bn(torch::randn({2, 8, 3, 3}));
-  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kComposite);
+  EXPECT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kComposite);
   EXPECT_NE(
       lamp::nn::detail::batch_norm_act_fallback_reason().find("not CUDA"),
       std::string::npos)
@@ -199,7 +203,8 @@ TEST(BatchNormAct, SaysWhyItTookTheFallback) {
       lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kComposite);
   bn(torch::randn({2, 8, 3, 3}));
   EXPECT_EQ(
-      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kComposite), before + 1);
+      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kComposite),
+      before + 1);
 }
 
 // Channels-last bf16 under CPU autocast (the dtype a convolution hands the
@@ -562,7 +567,9 @@ TEST_F(BatchNormActGpu, TrainingMatchesFp32UnfusedOnResNetShapes) {
 
 TEST_F(BatchNormActGpu, Bf16TakesTheFusedPath) {
   check_against_fp32({{32, 256, 28, 28}, torch::kBFloat16, Config{}});
-  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
+  EXPECT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kCudnnFused)
       << "cuDNN did not take bf16: "
       << lamp::nn::detail::batch_norm_act_fallback_reason();
 }
@@ -602,7 +609,9 @@ TEST_F(BatchNormActGpu, RunningVarianceIsUnbiased) {
   BatchNormAct2d bn(BatchNormAct2dOptions(64).momentum(std::nullopt));
   bn->to(torch::kCUDA);
   bn(x);
-  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
+  ASSERT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kCudnnFused)
       << lamp::nn::detail::batch_norm_act_fallback_reason();
   const auto x32 = x.to(torch::kFloat);
   EXPECT_TRUE(close(
@@ -619,7 +628,9 @@ TEST_F(BatchNormActGpu, TakesAnyGradientLayout) {
   BatchNormAct2d bn(64);
   bn->to(torch::kCUDA);
   const auto y = bn(x);
-  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused);
+  ASSERT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kCudnnFused);
   const auto dy = torch::randn_like(y).contiguous();
   y.backward(dy);
   const auto g1 = x.grad().clone();
@@ -658,7 +669,9 @@ TEST_F(BatchNormActGpu, PeakMemoryIsNotAboveUnfused) {
   fused->to(torch::kCUDA);
   plain->to(torch::kCUDA);
   const auto fused_peak = peak([&] { fused(x, z).backward(dy); });
-  ASSERT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused);
+  ASSERT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kCudnnFused);
   x.mutable_grad().reset();
   z.mutable_grad().reset();
   const auto plain_peak = peak([&] {
@@ -722,13 +735,14 @@ std::vector<std::vector<torch::Tensor>> image_batches(int64_t n) {
 TEST_F(BatchNormActGpu, GraphedStepReplaysEqualEagerSteps) {
   const auto data = image_batches(10);
   FusedTrainer eager;
-  const auto fused_before =
-      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kCudnnFused);
+  const auto fused_before = lamp::nn::detail::batch_norm_act_path_count(
+      BatchNormActPath::kCudnnFused);
   for (const auto& batch : data) {
     eager.step(batch);
   }
   EXPECT_EQ(
-      lamp::nn::detail::batch_norm_act_path_count(BatchNormActPath::kCudnnFused),
+      lamp::nn::detail::batch_norm_act_path_count(
+          BatchNormActPath::kCudnnFused),
       fused_before + 2 * 10)
       << lamp::nn::detail::batch_norm_act_fallback_reason();
 
@@ -741,7 +755,9 @@ TEST_F(BatchNormActGpu, GraphedStepReplaysEqualEagerSteps) {
     step(batch);
   }
   ASSERT_TRUE(step.is_captured());
-  EXPECT_EQ(lamp::nn::detail::batch_norm_act_last_path(), BatchNormActPath::kCudnnFused)
+  EXPECT_EQ(
+      lamp::nn::detail::batch_norm_act_last_path(),
+      BatchNormActPath::kCudnnFused)
       << "the captured step ran the fused kernels";
   EXPECT_EQ(graphed.scaler.get_scale(), eager.scaler.get_scale());
   const auto a = eager.state();

@@ -8,13 +8,13 @@
 #include "amp_trainer.h"
 #include "support.h"
 
-#include <lamp/nn/diagnostics.h>
 #include <lamp/autocast.h>
 #include <lamp/config.h>
 #include <lamp/cuda_graph.h>
 #include <lamp/grad_scaler.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_bn_add_relu.h>
+#include <lamp/nn/diagnostics.h>
 #include <lamp/optim.h>
 #include <torch/torch.h>
 
@@ -106,7 +106,8 @@ TEST(ConvBnAddRelu, OnTheCpuItIsTheModules) {
     const auto x = torch::randn({4, 16, 5, 5});
     const auto got = a->fused(h, x);
     EXPECT_NE(
-        lamp::nn::detail::conv_bn_add_relu_fallback_reason().find("CUDA"), std::string::npos)
+        lamp::nn::detail::conv_bn_add_relu_fallback_reason().find("CUDA"),
+        std::string::npos)
         << lamp::nn::detail::conv_bn_add_relu_fallback_reason();
     EXPECT_TRUE(torch::equal(got, b->unfused(h, x)));
     const auto pa = a->named_buffers(), pb = b->named_buffers();

@@ -6,10 +6,10 @@
 
 #include "support.h"
 
-#include <lamp/nn/diagnostics.h>
 #include <lamp/autocast.h>
 #include <lamp/nn/batch_norm_act.h>
 #include <lamp/nn/conv_shortcut.h>
+#include <lamp/nn/diagnostics.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -178,14 +178,16 @@ TEST_F(ConvShortcutGpu, ResNetIdentityBlockUnderAutocast) {
   };
   const auto dy =
       channels_last(torch::randn(x.sizes(), torch::kCUDA).to(torch::kHalf));
-  const auto in_place = conv_shortcut_gradient_count(ShortcutGradient::kInPlace);
+  const auto in_place =
+      conv_shortcut_gradient_count(ShortcutGradient::kInPlace);
   Grads fused, plain;
   {
     lamp::AutocastGuard autocast(torch::kCUDA, torch::kHalf);
     fused = run(x, w, block, /*fused=*/true, dy);
     plain = run(x, w, block, /*fused=*/false, dy);
   }
-  EXPECT_EQ(conv_shortcut_gradient_count(ShortcutGradient::kInPlace), in_place + 1);
+  EXPECT_EQ(
+      conv_shortcut_gradient_count(ShortcutGradient::kInPlace), in_place + 1);
   EXPECT_EQ(fused.weight.scalar_type(), torch::kFloat);
   const auto reference =
       run(x.to(torch::kFloat), w, block, /*fused=*/false, dy.to(torch::kFloat));

@@ -84,7 +84,8 @@ torch::Tensor three_ops(
     const torch::Tensor& b1,
     const torch::Tensor& w2,
     const torch::Tensor& b2) {
-  return lamp::nn::linear(torch::gelu(lamp::nn::linear(x, w1, b1), "tanh"), w2, b2);
+  return lamp::nn::linear(
+      torch::gelu(lamp::nn::linear(x, w1, b1), "tanh"), w2, b2);
 }
 
 void expect_equal(const Result& a, const Result& b) {
@@ -133,8 +134,13 @@ std::vector<double> errors(const Result& r, const Result& exact) {
   auto e = [](const torch::Tensor& a, const torch::Tensor& b) {
     return (a.to(torch::kDouble) - b).abs().max().item<double>();
   };
-  return {e(r.y, exact.y),     e(r.dx, exact.dx),   e(r.dw1, exact.dw1),
-          e(r.db1, exact.db1), e(r.dw2, exact.dw2), e(r.db2, exact.db2)};
+  return {
+      e(r.y, exact.y),
+      e(r.dx, exact.dx),
+      e(r.dw1, exact.dw1),
+      e(r.db1, exact.db1),
+      e(r.dw2, exact.dw2),
+      e(r.db2, exact.db2)};
 }
 
 // The epilogues compute GELU (and its derivative) on the fp32 accumulator
@@ -160,16 +166,22 @@ TEST_F(GeluMlpGpu, EpiloguesAreAsAccurateAsTheThreeOps) {
         std::to_string(c.hidden) + ", " + c10::toString(c.dtype) +
         (c.autocast ? " autocast" : ""));
     const int64_t out = c.shape.back();
-    const auto fused = run(lamps, cuda, c.shape, c.hidden, out, c.dtype, c.autocast);
-    const auto ops = run(three_ops, cuda, c.shape, c.hidden, out, c.dtype, c.autocast);
-    const auto reference = run(
-        three_ops, cuda, c.shape, c.hidden, out, c.dtype, c.autocast, true);
+    const auto fused =
+        run(lamps, cuda, c.shape, c.hidden, out, c.dtype, c.autocast);
+    const auto ops =
+        run(three_ops, cuda, c.shape, c.hidden, out, c.dtype, c.autocast);
+    const auto reference =
+        run(three_ops, cuda, c.shape, c.hidden, out, c.dtype, c.autocast, true);
     const auto fused_error = errors(fused, reference);
     const auto ops_error = errors(ops, reference);
     const char* names[] = {"y", "dx", "dw1", "db1", "dw2", "db2"};
     const std::vector<torch::Tensor> exact{
-        reference.y, reference.dx, reference.dw1,
-        reference.db1, reference.dw2, reference.db2};
+        reference.y,
+        reference.dx,
+        reference.dw1,
+        reference.db1,
+        reference.dw2,
+        reference.db2};
     for (size_t i = 0; i < fused_error.size(); ++i) {
       // Slack: a quarter of a unit in the last place of the largest value.
       const double ulp = (c.dtype == torch::kHalf ? 1.0 / 1024 : 1.0 / 128) *
@@ -201,8 +213,8 @@ TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
   const auto b1 = torch::randn({64}, cuda).to(torch::kBFloat16);
   const auto w2 = torch::randn({32, 64}, cuda).to(torch::kBFloat16);
   const auto b2 = torch::randn({32}, cuda).to(torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(
-      lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
+  EXPECT_TRUE(
+      torch::equal(lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
 }
 
 // A gradient penalty differentiates the backward pass: the three ops'
@@ -216,7 +228,8 @@ TEST_F(GeluMlpGpu, DoubleBackward) {
   auto x = t({16, 32}), w1 = t({64, 32}), b1 = t({64}), w2 = t({32, 64}),
        b2 = t({32});
   auto penalty = [&](bool ours) {
-    const auto y = ours ? lamps(x, w1, b1, w2, b2) : three_ops(x, w1, b1, w2, b2);
+    const auto y =
+        ours ? lamps(x, w1, b1, w2, b2) : three_ops(x, w1, b1, w2, b2);
     const auto gx = torch::autograd::grad(
         {y.to(torch::kFloat).square().sum()}, {x}, {}, true, true)[0];
     return torch::autograd::grad(
@@ -265,8 +278,10 @@ TEST_F(GeluMlpGpu, GraphedStepsEqualEagerSteps) {
       return loss.detach();
     };
     lamp::test::run_steps(graphed, step, {x, y}, opt);
-    return torch::cat({fc->weight.detach().flatten(), fc->bias.detach(),
-                       proj->weight.detach().flatten()});
+    return torch::cat(
+        {fc->weight.detach().flatten(),
+         fc->bias.detach(),
+         proj->weight.detach().flatten()});
   };
   const auto eager = train(false);
   const auto graphed = train(true);

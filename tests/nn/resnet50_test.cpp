@@ -1,5 +1,5 @@
-#include <lamp/nn/diagnostics.h>
 #include <lamp/lamp.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -147,7 +147,8 @@ TEST(ResNet50, MatchesTorchvisionWithFusedBatchNorm) {
     return;
   }
   EXPECT_EQ(
-      lamp::nn::detail::batch_norm_act_last_path(), lamp::nn::BatchNormActPath::kComposite)
+      lamp::nn::detail::batch_norm_act_last_path(),
+      lamp::nn::BatchNormActPath::kComposite)
       << "the CPU runs the fallback";
 }
 
@@ -192,8 +193,8 @@ Curve train_resnet50(bool fused_bn, uint64_t init_seed) {
       model->parameters(), torch::optim::AdamOptions(1e-4));
   lamp::GradScaler scaler;
   Curve curve;
-  const auto fused_before =
-      lamp::nn::detail::batch_norm_act_path_count(lamp::nn::BatchNormActPath::kCudnnFused);
+  const auto fused_before = lamp::nn::detail::batch_norm_act_path_count(
+      lamp::nn::BatchNormActPath::kCudnnFused);
   for (int64_t step = 0; step < steps; ++step) {
     const auto& [images, labels] = data[step % data.size()];
     optimizer.zero_grad();
@@ -207,8 +208,8 @@ Curve train_resnet50(bool fused_bn, uint64_t init_seed) {
     scaler.update();
     curve.loss.push_back(loss.item<double>());
   }
-  curve.fused_calls =
-      lamp::nn::detail::batch_norm_act_path_count(lamp::nn::BatchNormActPath::kCudnnFused) -
+  curve.fused_calls = lamp::nn::detail::batch_norm_act_path_count(
+                          lamp::nn::BatchNormActPath::kCudnnFused) -
       fused_before;
   curve.peak_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0)
                          .allocated_bytes[0]

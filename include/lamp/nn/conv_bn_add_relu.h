@@ -30,10 +30,11 @@ namespace lamp::nn {
 /// convolution whose output channels are a multiple of 8, and a `bn` with
 /// `affine`, `track_running_stats`, a `momentum` and `relu`. Anything else
 /// (CPU, float32, NCHW, evaluation, other options) runs the modules
-/// unfused, `bn(conv(input), residual)`; `detail::conv_bn_add_relu_fallback_reason()` (lamp/nn/diagnostics.h)
-/// says why. Running statistics and `num_batches_tracked` are updated as
-/// the modules do (also under `BatchCountGuard`); no host sync, so it can
-/// be captured by `GraphedStep`. No double backward on the fused path.
+/// unfused, `bn(conv(input), residual)`;
+/// `detail::conv_bn_add_relu_fallback_reason()` (lamp/nn/diagnostics.h) says
+/// why. Running statistics and `num_batches_tracked` are updated as the modules
+/// do (also under `BatchCountGuard`); no host sync, so it can be captured by
+/// `GraphedStep`. No double backward on the fused path.
 ///
 /// Example (a bottleneck whose shortcut is the identity):
 /// \code
@@ -63,6 +64,5 @@ LAMP_API torch::Tensor conv_bn_add_relu(
     const torch::Tensor& shortcut_input,
     const torch::nn::Conv2d& shortcut_conv,
     const torch::nn::BatchNorm2d& shortcut_bn);
-
 
 } // namespace lamp::nn

@@ -54,5 +54,4 @@ enum class ShortcutGradient {
   kNoShortcutGradient,
 };
 
-
 } // namespace lamp::nn
