@@ -67,8 +67,10 @@ struct LAMP_API Fp8Recipe {
   /// scales, the newest amaxes are reduced to their maximum over this
   /// group (lamp::dist::ProcessGroup::allreduce, kMax; one small
   /// collective a layer a step), so every rank scales alike from every
-  /// rank's data. Pass the group of DistributedDataParallel. Default null:
-  /// each rank follows its own amaxes.
+  /// rank's data. Pass the group of DistributedDataParallel. Every rank must
+  /// then make the same forward calls in the scope (an evaluation or
+  /// sampling on one rank only belongs outside it). Default null: each rank
+  /// follows its own amaxes.
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, amax_group) = nullptr;
 };
 
