@@ -172,7 +172,15 @@ bool gelu_mlp_cuda_applies(
     return false;
   }
   if (at::autocast::is_autocast_enabled(at::kCUDA)) {
-    return half_type(at::autocast::get_autocast_dtype(at::kCUDA));
+    // NOTE: autocast casts fp32 only: a double (or other) operand would
+    // reach the GEMMs as it is.
+    const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    for (const auto* t : all) {
+      if (t->scalar_type() != at::kFloat && t->scalar_type() != dtype) {
+        return false;
+      }
+    }
+    return half_type(dtype);
   }
   for (const auto* t : all) {
     if (t->scalar_type() != input.scalar_type()) {

@@ -198,7 +198,8 @@ TEST_F(GeluMlpGpu, EpiloguesAreAsAccurateAsTheThreeOps) {
 }
 
 // Where the epilogues do not apply, gelu_mlp is the three ops bit for bit:
-// a width not a multiple of 8, fp32, an input without gradients wanted.
+// a width not a multiple of 8, fp32, float64 under autocast, no gradients
+// wanted.
 TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
   const torch::Device cuda(torch::kCUDA);
   expect_equal(
@@ -207,6 +208,18 @@ TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
   expect_equal(
       run(lamps, cuda, {4, 32, 96}, 384, 96, torch::kFloat, false),
       run(three_ops, cuda, {4, 32, 96}, 384, 96, torch::kFloat, false));
+  {
+    // float64 under autocast: autocast leaves it as it is.
+    auto d = [&](std::vector<int64_t> s) {
+      return torch::randn(s, torch::dtype(torch::kDouble).device(cuda))
+          .requires_grad_();
+    };
+    const auto x = d({8, 32}), w1 = d({64, 32}), b1 = d({64}),
+               w2 = d({32, 64}), b2 = d({32});
+    lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(
+        lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
+  }
   torch::NoGradGuard no_grad;
   const auto x = torch::randn({8, 32}, cuda).to(torch::kBFloat16);
   const auto w1 = torch::randn({64, 32}, cuda).to(torch::kBFloat16);
