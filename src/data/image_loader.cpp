@@ -28,43 +28,7 @@ ImageLoaderOptions checked(
 ImageLoader::ImageLoader(const ImageFolder& dataset, ImageLoaderOptions options)
     : impl_(std::make_unique<Impl>(
           dataset,
-          checked(dataset, std::move(options)))) {
-  const auto& o = impl_->options;
-  auto& recipe = impl_->recipe;
-  recipe.train = o.train();
-  recipe.image_size = o.image_size();
-  recipe.resize_size = o.resize_size();
-  recipe.scale = o.scale();
-  recipe.ratio = o.ratio();
-  recipe.seed = o.seed();
-  recipe.partial_decode = o.partial_decode();
-  recipe.dct_downscale = o.dct_downscale();
-  recipe.gpu_resize =
-      o.gpu_resize() && o.device().is_cuda() && o.train() && o.partial_decode();
-  impl_->stage = std::make_unique<detail::BatchStage>(o);
-  const bool pinned = o.device().is_cuda();
-  impl_->ring.resize(o.prefetch() + 1);
-  for (auto& slot : impl_->ring) {
-    auto& data = slot.data;
-    data.pixels = torch::empty(
-        {o.batch_size(), o.image_size(), o.image_size(), 3},
-        torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
-    data.targets = torch::empty(
-        {o.batch_size()},
-        torch::TensorOptions(torch::kLong).pinned_memory(pinned));
-    if (recipe.gpu_resize) {
-      // Room for crops of twice the output's pixels on average; a crop
-      // that finds none is resized on the CPU.
-      data.crops = torch::empty(
-          {2 * o.batch_size() * o.image_size() * o.image_size() * 3},
-          torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
-      data.crop_offset.assign(o.batch_size(), 0);
-    }
-    data.state.assign(o.batch_size(), detail::RowState::kDecoded);
-    data.encoded.resize(o.batch_size());
-    data.problem.resize(o.batch_size());
-  }
-}
+          checked(dataset, std::move(options)))) {}
 
 ImageLoader::~ImageLoader() {
   impl_->stop_and_join();

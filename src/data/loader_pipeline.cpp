@@ -28,6 +28,57 @@ void name_thread(const std::string& name) {
 
 } // namespace
 
+ImageLoader::Impl::Impl(const ImageFolder& dataset, ImageLoaderOptions options)
+    : dataset(dataset),
+      options(std::move(options)),
+      sampler(
+          static_cast<int64_t>(dataset.size()),
+          this->options.rank(),
+          this->options.world_size(),
+          this->options.shuffle(),
+          this->options.seed(),
+          this->options.drop_last()),
+      num_batches(
+          this->options.drop_last()
+              ? sampler.num_samples() / this->options.batch_size()
+              : (sampler.num_samples() + this->options.batch_size() - 1) /
+                  this->options.batch_size()) {
+  const auto& o = this->options; // NOTE: the member; the parameter was moved
+  recipe.train = o.train();
+  recipe.image_size = o.image_size();
+  recipe.resize_size = o.resize_size();
+  recipe.scale = o.scale();
+  recipe.ratio = o.ratio();
+  recipe.seed = o.seed();
+  recipe.partial_decode = o.partial_decode();
+  recipe.dct_downscale = o.dct_downscale();
+  recipe.gpu_resize =
+      o.gpu_resize() && o.device().is_cuda() && o.train() && o.partial_decode();
+  stage = std::make_unique<detail::BatchStage>(o);
+  const bool pinned = o.device().is_cuda();
+  ring.resize(o.prefetch() + 1);
+  for (auto& slot : ring) {
+    auto& data = slot.data;
+    data.pixels = torch::empty(
+        {o.batch_size(), o.image_size(), o.image_size(), 3},
+        torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
+    data.targets = torch::empty(
+        {o.batch_size()},
+        torch::TensorOptions(torch::kLong).pinned_memory(pinned));
+    if (recipe.gpu_resize) {
+      // Room for crops of twice the output's pixels on average; a crop
+      // that finds none is resized on the CPU.
+      data.crops = torch::empty(
+          {2 * o.batch_size() * o.image_size() * o.image_size() * 3},
+          torch::TensorOptions(torch::kUInt8).pinned_memory(pinned));
+      data.crop_offset.assign(o.batch_size(), 0);
+    }
+    data.state.assign(o.batch_size(), detail::RowState::kDecoded);
+    data.encoded.resize(o.batch_size());
+    data.problem.resize(o.batch_size());
+  }
+}
+
 // Called with `lock` (on the mutex) held; computes a new epoch's order
 // without it (a shuffle of the whole dataset).
 std::shared_ptr<const std::vector<int64_t>> ImageLoader::Impl::order_of(

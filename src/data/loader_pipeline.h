@@ -112,21 +112,9 @@ struct ReadyBatch {
 } // namespace detail
 
 struct ImageLoader::Impl {
-  Impl(const ImageFolder& dataset, ImageLoaderOptions options)
-      : dataset(dataset),
-        options(std::move(options)),
-        sampler(
-            static_cast<int64_t>(dataset.size()),
-            this->options.rank(),
-            this->options.world_size(),
-            this->options.shuffle(),
-            this->options.seed(),
-            this->options.drop_last()),
-        num_batches(
-            this->options.drop_last()
-                ? sampler.num_samples() / this->options.batch_size()
-                : (sampler.num_samples() + this->options.batch_size() - 1) /
-                    this->options.batch_size()) {}
+  // The whole set-up: sampler, recipe, batch stage and the ring's pinned
+  // buffers, from options already checked (check_loader_options).
+  Impl(const ImageFolder& dataset, ImageLoaderOptions options);
 
   void start();
   void stop_and_join();
