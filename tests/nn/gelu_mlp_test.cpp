@@ -214,11 +214,11 @@ TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
       return torch::randn(s, torch::dtype(torch::kDouble).device(cuda))
           .requires_grad_();
     };
-    const auto x = d({8, 32}), w1 = d({64, 32}), b1 = d({64}),
-               w2 = d({32, 64}), b2 = d({32});
+    const auto x = d({8, 32}), w1 = d({64, 32}), b1 = d({64}), w2 = d({32, 64}),
+               b2 = d({32});
     lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
-    EXPECT_TRUE(torch::equal(
-        lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
+    EXPECT_TRUE(
+        torch::equal(lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
   }
   torch::NoGradGuard no_grad;
   const auto x = torch::randn({8, 32}, cuda).to(torch::kBFloat16);
