@@ -153,6 +153,7 @@ bool ImageLoader::Impl::decode_row(
     return false;
   }
   std::string problem;
+  const detail::SampleRef file{slot.epoch, index, bytes, sample.path};
   if (recipe.gpu_resize) {
     // The crop straight into the slot's crops, for the GPU to resize, when
     // there is room.
@@ -164,8 +165,7 @@ bool ImageLoader::Impl::decode_row(
       offset = used.fetch_add(n);
       return offset + n <= capacity ? base + offset : nullptr;
     };
-    auto crop = detail::decode_crop(
-        recipe, slot.epoch, index, bytes, sample.path, reserve);
+    auto crop = detail::decode_crop(recipe, file, reserve);
     if (crop.taken && crop.problem.empty()) {
       data.state[row] = RowState::kCropped;
       data.encoded[row].placement = crop.placement;
@@ -175,14 +175,7 @@ bool ImageLoader::Impl::decode_row(
     problem = std::move(crop.problem);
   }
   if (problem.empty()) {
-    problem = detail::transform_into(
-        recipe,
-        slot.epoch,
-        index,
-        bytes,
-        sample.path,
-        scratch,
-        data.pixels[row]);
+    problem = detail::transform_into(recipe, file, scratch, data.pixels[row]);
   }
   if (problem.empty()) {
     data.state[row] = RowState::kDecoded;

@@ -114,21 +114,18 @@ struct DecodePlan {
 std::string plan_decode(
     const Recipe& recipe,
     const Placement* given,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     DecodePlan& plan) {
   ImageHeader header;
-  std::string problem =
-      read_image_header(bytes.data(), bytes.size(), path, &header);
+  std::string problem = read_image_header(
+      sample.bytes.data(), sample.bytes.size(), sample.path, &header);
   if (!problem.empty()) {
     return problem;
   }
   plan.full = header;
   plan.placement = given != nullptr
       ? *given
-      : place(recipe, epoch, index, header.height, header.width);
+      : place(recipe, sample.epoch, sample.index, header.height, header.width);
   // A crop at least twice the output may be decoded reduced in the DCT
   // domain (off by default: the pixels differ from a full decode's resize).
   if (recipe.train && recipe.dct_downscale &&
@@ -155,13 +152,12 @@ std::string plan_decode(
 
 std::string decode_planned(
     const DecodePlan& plan,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     uint8_t* pixels) {
   return decode_image_region(
-      bytes.data(),
-      bytes.size(),
-      path,
+      sample.bytes.data(),
+      sample.bytes.size(),
+      sample.path,
       plan.full,
       plan.region,
       pixels,
@@ -174,15 +170,11 @@ std::string decode_planned(
 std::string read_decode_transform(
     const Recipe& recipe,
     const Placement* given,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     torch::Tensor& decoded,
     torch::Tensor out) {
   DecodePlan plan;
-  std::string problem =
-      plan_decode(recipe, given, epoch, index, bytes, path, plan);
+  std::string problem = plan_decode(recipe, given, sample, plan);
   if (!problem.empty()) {
     return problem;
   }
@@ -193,7 +185,7 @@ std::string read_decode_transform(
   }
   auto image =
       decoded.narrow(0, 0, bytes_needed).view({region.height, region.width, 3});
-  problem = decode_planned(plan, bytes, path, image.data_ptr<uint8_t>());
+  problem = decode_planned(plan, sample, image.data_ptr<uint8_t>());
   if (problem.empty()) {
     transform_decoded_into(recipe, plan.placement, image, std::move(out));
   }
@@ -204,14 +196,11 @@ std::string read_decode_transform(
 
 std::string transform_into(
     const Recipe& recipe,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     torch::Tensor& decoded,
     torch::Tensor out) {
   return read_decode_transform(
-      recipe, nullptr, epoch, index, bytes, path, decoded, std::move(out));
+      recipe, nullptr, sample, decoded, std::move(out));
 }
 
 std::string transform_placed_into(
@@ -221,20 +210,22 @@ std::string transform_placed_into(
     const std::string& path,
     torch::Tensor& decoded,
     torch::Tensor out) {
+  // NOTE: the placement is given: the sample's epoch and index draw nothing.
   return read_decode_transform(
-      recipe, &placement, 0, 0, bytes, path, decoded, std::move(out));
+      recipe,
+      &placement,
+      SampleRef{0, 0, bytes, path},
+      decoded,
+      std::move(out));
 }
 
 CropDecode decode_crop(
     const Recipe& recipe,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     const std::function<uint8_t*(int64_t)>& reserve) {
   CropDecode out;
   DecodePlan plan;
-  out.problem = plan_decode(recipe, nullptr, epoch, index, bytes, path, plan);
+  out.problem = plan_decode(recipe, nullptr, sample, plan);
   if (!out.problem.empty()) {
     return out;
   }
@@ -249,7 +240,7 @@ CropDecode decode_crop(
   }
   out.taken = true;
   out.placement = plan.placement;
-  out.problem = decode_planned(plan, bytes, path, pixels);
+  out.problem = decode_planned(plan, sample, pixels);
   return out;
 }
 

@@ -66,16 +66,23 @@ Placement place(
     int64_t height,
     int64_t width);
 
-// Decodes `bytes` (file `path`) and writes the transformed image into `out`,
-// uint8 [S, S, 3] (a row of a pinned batch); `decoded` is the calling
-// thread's buffer, grown as needed. Returns "" or what is wrong with the
-// image (an image that cannot be decoded); throws for anything else.
+// A sample as its decode sees it: which one it is (its epoch and dataset
+// index, which its crop and flip follow: sample_generator) and its file's
+// bytes and path (for messages). Refers to them; lives as long as the call.
+struct SampleRef {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  const std::vector<uint8_t>& bytes;
+  const std::string& path;
+};
+
+// Decodes `sample` and writes the transformed image into `out`, uint8
+// [S, S, 3] (a row of a pinned batch); `decoded` is the calling thread's
+// buffer, grown as needed. Returns "" or what is wrong with the image (an
+// image that cannot be decoded); throws for anything else.
 std::string transform_into(
     const Recipe& recipe,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     torch::Tensor& decoded,
     torch::Tensor out);
 
@@ -103,10 +110,7 @@ struct CropDecode {
 };
 CropDecode decode_crop(
     const Recipe& recipe,
-    int64_t epoch,
-    int64_t index,
-    const std::vector<uint8_t>& bytes,
-    const std::string& path,
+    const SampleRef& sample,
     const std::function<uint8_t*(int64_t)>& reserve);
 
 // The transform of an already decoded uint8 [H, W, 3] image (CPU or CUDA).

@@ -264,7 +264,7 @@ TEST_F(ImageDecoder, ACropForTheGpuIsTheSamplesCropOfTheWholeImage) {
       SCOPED_TRACE(std::string(name) + " sample " + std::to_string(index));
       std::vector<uint8_t> memory;
       const auto crop =
-          decode_crop(recipe, 1, index, bytes, name, [&](int64_t n) {
+          decode_crop(recipe, {1, index, bytes, name}, [&](int64_t n) {
             memory.assign(n, 7);
             return memory.data();
           });
@@ -287,18 +287,18 @@ TEST_F(ImageDecoder, ACropForTheGpuIsTheSamplesCropOfTheWholeImage) {
   }
   // No room, or not a training crop: left to the CPU's transform.
   const auto jpeg = read_file(path("q90_420.jpg"));
-  EXPECT_FALSE(decode_crop(recipe, 0, 0, jpeg, "q90_420.jpg", [](int64_t) {
+  EXPECT_FALSE(decode_crop(recipe, {0, 0, jpeg, "q90_420.jpg"}, [](int64_t) {
                  return static_cast<uint8_t*>(nullptr);
                }).taken);
   recipe.train = false; // the evaluation transform: the whole image
   std::vector<uint8_t> memory(1 << 24);
-  EXPECT_FALSE(decode_crop(recipe, 0, 0, jpeg, "q90_420.jpg", [&](int64_t) {
+  EXPECT_FALSE(decode_crop(recipe, {0, 0, jpeg, "q90_420.jpg"}, [&](int64_t) {
                  return memory.data();
                }).taken);
   // A bad file says what is wrong.
   const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
   const auto bad = decode_crop(
-      recipe, 0, 0, text, "bad.jpg", [&](int64_t) { return memory.data(); });
+      recipe, {0, 0, text, "bad.jpg"}, [&](int64_t) { return memory.data(); });
   EXPECT_FALSE(bad.taken);
   EXPECT_NE(bad.problem, "");
 }
