@@ -21,8 +21,8 @@ namespace lamp::nn {
 /// backward pass: what the three ops save (GELU's input and output). The
 /// GELU is computed on the fp32 accumulator and rounded once, so outputs
 /// differ from the three ops' by about one rounding of the type; the other
-/// GEMMs are ATen's. Otherwise (CPU, fp32, no gradients, widths not a
-/// multiple of 8, an FP8 scope, double backward) it is the three ops.
+/// GEMMs are ATen's. Otherwise (CPU, fp32 or float64, no gradients, widths
+/// not a multiple of 8, an FP8 scope, double backward) it is the three ops.
 ///
 /// Example:
 /// \code
