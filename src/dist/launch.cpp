@@ -254,19 +254,28 @@ LaunchConfig launch_config(
     if (config.master_addr.empty()) {
       config.master_addr = v.text("MASTER_ADDR").value_or(claim.master_addr);
     }
+    // What a missing rendezvous variable's error says: the launcher, the
+    // variable (and, under Slurm, what would have stood in for it), how to
+    // launch.
+    auto unset = [&](const char* variable, const char* slurm_source) {
+      return c10::str(
+          "lamp::dist: launched by ",
+          by,
+          " (",
+          claim.world_size_name,
+          "=",
+          size,
+          ") but ",
+          variable,
+          " is not set",
+          claim.launcher == Launcher::kSlurm ? slurm_source : "",
+          "; ",
+          how_to_launch(claim.launcher, size),
+          ".");
+    };
     TORCH_CHECK_VALUE(
         !config.master_addr.empty(),
-        "lamp::dist: launched by ",
-        by,
-        " (",
-        claim.world_size_name,
-        "=",
-        size,
-        ") but MASTER_ADDR is not set",
-        claim.launcher == Launcher::kSlurm ? " and no SLURM_NODELIST is" : "",
-        "; ",
-        how_to_launch(claim.launcher, size),
-        ".");
+        unset("MASTER_ADDR", " and no SLURM_NODELIST is"));
     auto port = options.master_port() ? options.master_port()
                                       : v.integer("MASTER_PORT");
     std::string port_from = options.master_port()
@@ -276,19 +285,7 @@ LaunchConfig launch_config(
       port = claim.master_port;
       port_from = claim.master_port_from;
     }
-    TORCH_CHECK_VALUE(
-        port,
-        "lamp::dist: launched by ",
-        by,
-        " (",
-        claim.world_size_name,
-        "=",
-        size,
-        ") but MASTER_PORT is not set",
-        claim.launcher == Launcher::kSlurm ? " and no SLURM_JOB_ID is" : "",
-        "; ",
-        how_to_launch(claim.launcher, size),
-        ".");
+    TORCH_CHECK_VALUE(port, unset("MASTER_PORT", " and no SLURM_JOB_ID is"));
     TORCH_CHECK_VALUE(
         0 < *port && *port < 65536,
         "lamp::dist: MASTER_PORT must be in [1, 65535], got ",

@@ -486,19 +486,44 @@ int run_fp8_amax(const Args& a) {
   return 0;
 }
 
+// What the rank-exits scenarios share: the group, a seeded Net wrapped in
+// DDP with plain SGD, one batch, this rank's output file (members in the
+// order they are made, so every rank draws the same weights and batch).
+struct ExitRun {
+  explicit ExitRun(const Args& a)
+      : pg(lamp::dist::init_process_group(pg_options(a))),
+        rank(pg->rank()),
+        net(seeded_net(pg->device())),
+        ddp(net.ptr(), pg),
+        optimizer(net->parameters(), torch::optim::SGDOptions(0.01)),
+        out(a.out + "/rank" + std::to_string(rank) + ".txt"),
+        x(torch::randn({a.batch, 32}, pg->device())),
+        y(torch::randint(
+            0,
+            10,
+            {a.batch},
+            torch::dtype(torch::kLong).device(pg->device()))) {}
+
+  static Net seeded_net(const torch::Device& device) {
+    torch::manual_seed(42);
+    Net net(64, false, false);
+    net->to(device);
+    return net;
+  }
+
+  std::shared_ptr<lamp::dist::ProcessGroup> pg;
+  int64_t rank;
+  Net net;
+  lamp::DistributedDataParallel ddp;
+  lamp::optim::FusedSGD optimizer;
+  std::ofstream out;
+  torch::Tensor x, y;
+};
+
 int run_exit(const Args& a) {
-  auto pg = lamp::dist::init_process_group(pg_options(a));
-  const auto rank = pg->rank();
-  torch::manual_seed(42);
-  Net net(64, false, false);
-  net->to(pg->device());
-  lamp::DistributedDataParallel ddp(net.ptr(), pg);
-  lamp::optim::FusedSGD optimizer(
-      net->parameters(), torch::optim::SGDOptions(0.01));
-  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
-  auto x = torch::randn({a.batch, 32}, pg->device());
-  auto y = torch::randint(
-      0, 10, {a.batch}, torch::dtype(torch::kLong).device(pg->device()));
+  ExitRun run(a);
+  auto& [pg, rank, net, ddp, optimizer, out, x, y] = run;
+  (void)ddp;
   auto left = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < 1000; ++s) {
     if (s == 3) {
@@ -558,25 +583,17 @@ int run_never(const Args& a) {
 // graph); rank 1 exits after the capture. Rank 0's replays must not wait
 // forever: the watchdog watches them and the next step throws.
 int run_graph_exit(const Args& a) {
-  auto pg = lamp::dist::init_process_group(pg_options(a));
-  const auto rank = pg->rank();
-  torch::manual_seed(42);
-  Net net(64, false, false);
-  net->to(pg->device());
-  lamp::DistributedDataParallel ddp(net.ptr(), pg);
-  lamp::optim::FusedSGD optimizer(
-      net->parameters(), torch::optim::SGDOptions(0.01));
-  std::ofstream out(a.out + "/rank" + std::to_string(rank) + ".txt");
-  auto x = torch::randn({a.batch, 32}, pg->device());
-  auto y = torch::randint(
-      0, 10, {a.batch}, torch::dtype(torch::kLong).device(pg->device()));
+  ExitRun run(a);
+  auto& [pg, rank, net, ddp, optimizer, out, x, y] = run;
+  (void)ddp;
   lamp::GraphedStep graphed(
-      [&](const std::vector<torch::Tensor>& in) {
-        optimizer.zero_grad();
-        auto loss =
-            torch::nn::functional::cross_entropy(net->forward(in[0], 0), in[1]);
+      // NOTE: C++17 lambdas capture no structured binding: `run`'s members.
+      [&run](const std::vector<torch::Tensor>& in) {
+        run.optimizer.zero_grad();
+        auto loss = torch::nn::functional::cross_entropy(
+            run.net->forward(in[0], 0), in[1]);
         loss.backward();
-        optimizer.step();
+        run.optimizer.step();
         return loss.detach();
       },
       {x, y},
