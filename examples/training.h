@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -272,6 +273,21 @@ inline void step_optimizer(
   clip_gradients(scaler, optimizer, max_norm);
   scaler.step(optimizer);
   scaler.update();
+}
+
+/// --cuda-graph: the training step as lamp::GraphedStep (warm-up, one
+/// capture, then replays; the learning-rate schedule reaches the graph),
+/// `example_inputs` fixing the static inputs; else nothing, and the caller
+/// runs `step` itself.
+inline std::optional<lamp::GraphedStep> graphed_step(
+    bool cuda_graph,
+    lamp::GraphedStep::Function step,
+    const std::vector<torch::Tensor>& example_inputs,
+    torch::optim::Optimizer& optimizer) {
+  if (!cuda_graph) {
+    return std::nullopt;
+  }
+  return lamp::GraphedStep(std::move(step), example_inputs, {&optimizer});
 }
 
 /// Counts the steps the loss scaler skipped (inf/NaN gradients) on the

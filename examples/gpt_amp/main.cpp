@@ -236,13 +236,8 @@ int run(
     examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return sum;
   };
-  std::optional<lamp::GraphedStep> graphed;
-  if (opt.cuda_graph) {
-    graphed.emplace(
-        train_step,
-        batch_at(step),
-        std::vector<torch::optim::Optimizer*>{&optimizer});
-  }
+  auto graphed = examples::graphed_step(
+      opt.cuda_graph, train_step, batch_at(step), optimizer);
 
   auto evaluate = [&]() -> double {
     torch::NoGradGuard no_grad;

@@ -233,17 +233,12 @@ Result train(
     examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return loss;
   };
-  // --cuda-graph: the whole step captured once (lamp::GraphedStep), then
-  // replayed; the learning-rate schedule reaches the graph.
-  std::optional<lamp::GraphedStep> graphed;
-  if (opt.cuda_graph) {
-    graphed.emplace(
-        train_step,
-        std::vector{
-            data.train_x.slice(0, 0, opt.batch_size),
-            data.train_y.slice(0, 0, opt.batch_size)},
-        std::vector<torch::optim::Optimizer*>{&optimizer});
-  }
+  auto graphed = examples::graphed_step(
+      opt.cuda_graph,
+      train_step,
+      {data.train_x.slice(0, 0, opt.batch_size),
+       data.train_y.slice(0, 0, opt.batch_size)},
+      optimizer);
 
   Result result{precision.name};
   examples::Progress progress(

@@ -255,14 +255,8 @@ Result train(
     examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return out;
   };
-  // --cuda-graph: warm up, capture the whole step once, then replay it.
-  std::optional<lamp::GraphedStep> graphed;
-  if (opt.cuda_graph) {
-    graphed.emplace(
-        train_step,
-        std::vector{images, labels},
-        std::vector<torch::optim::Optimizer*>{&optimizer});
-  }
+  auto graphed = examples::graphed_step(
+      opt.cuda_graph, train_step, {images, labels}, optimizer);
 
   Result result{precision, fused_bn, fused_tail};
   std::vector<double> step_ms;
