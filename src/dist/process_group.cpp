@@ -6,9 +6,11 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <signal.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/cuda.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -100,6 +102,25 @@ struct ProcessGroup::Impl {
   }
 };
 
+// Note [SIGPIPE and peers that exit]
+// The store's and Gloo's TCP connections write to peers' sockets; once a
+// peer has exited, such a write raises SIGPIPE, whose default action ends
+// the process at once, where the write should fail (EPIPE) and the
+// collective throw DistBackendError naming the peer (what every other rank
+// reports when one exits). Python ignores SIGPIPE from its start, so c10d's
+// store and Gloo never meet it there; a C++ program does. A process group of
+// more than one rank ignores SIGPIPE when it is at its default action, as
+// Python does; a handler the program installed is left alone.
+namespace {
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+} // namespace
+
 ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     : impl_(std::make_unique<Impl>()) {
   auto& impl = *impl_;
@@ -118,6 +139,9 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
       "\".");
   impl.config = dist::launch_config(impl.options);
   const auto& config = impl.config;
+  if (config.world_size > 1) {
+    ignore_sigpipe();
+  }
   const bool communicator = impl.options.nccl();
   const auto devices = static_cast<int64_t>(torch::cuda::device_count());
   const bool gloo = kind == "gloo" || (kind == "auto" && devices == 0);
