@@ -145,7 +145,9 @@ class LAMP_API ProcessGroup {
 /// (hosts without CUDA devices), connects the CPU processes. Bounded by
 /// `timeout`. Errors are typed: `c10::ValueError` (launch environment,
 /// options), `c10::DistStoreError` (rendezvous), `c10::DistBackendError`
-/// (NCCL, Gloo).
+/// (NCCL, Gloo). With more than one rank it ignores SIGPIPE if the process
+/// has the default action for it (as Python does), so that a peer that
+/// exited makes socket writes fail with an error, not end this process.
 ///
 /// Example (launch: `torchrun --no-python --nproc_per_node=2 ./train`,
 /// `srun --ntasks-per-node=2 ./train` or
