@@ -1,37 +1,17 @@
 #include "batch_stage.h"
 
 #include <lamp/config.h>
-#include <lamp/data/image_decoder.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <mutex>
 #include <thread>
 
+#include "batch_stage_cuda.h"
 #include "decode_split.h"
-#include "image_decoder_detail.h"
-
-#if LAMP_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "resize_batch.h"
-#endif
-#if defined(LAMP_WITH_NVJPEG) && LAMP_WITH_NVJPEG
-#include "jpeg_markers.h"
-#include "nvjpeg_decoder.h"
-#define LAMP_DATA_NVJPEG 1
-#else
-#define LAMP_DATA_NVJPEG 0
-#endif
 
 namespace lamp::data::detail {
-namespace {
 
-// Which row of the slot each output row shows: itself, or, for a bad row
-// with replace_bad_images, the next good row (cyclically); bad rows are
-// left out otherwise. `bad` gets the bad rows.
 std::vector<int64_t> output_rows(
     const SlotRows& slot,
     int64_t rows,
@@ -71,28 +51,13 @@ std::vector<int64_t> output_rows(
   return source;
 }
 
-} // namespace
-
-// What one stage thread uses alone. See Note [ImageLoader threads and
-// streams] in loader_pipeline.h.
-struct Lane {
-  torch::Tensor scratch; // CPU decode buffer (files nvJPEG turns down)
-#if LAMP_WITH_CUDA
-  std::optional<c10::cuda::CUDAStream> stream;
-#endif
-#if LAMP_DATA_NVJPEG
-  std::unique_ptr<NvjpegDecoder> nvjpeg;
-#endif
-};
-
 struct BatchStage::Impl {
   ImageLoaderOptions options;
-  ImageDecode mode = ImageDecode::kCpu; // what `options.decode()` comes to
   torch::Tensor mean; // float32 [1, 3, 1, 1] (CPU device)
   torch::Tensor std;
   std::optional<DecodeSplit> split; // kAuto
   std::mutex split_mutex; // guards `split`: all threads use it
-  std::vector<Lane> lanes; // one per stage thread
+  CudaStage cuda; // a CUDA device: its lanes and decode mode
 
   // Whether sample `index` goes to the GPU, for a batch whose GPU share is
   // `share` (BatchStage::prepare).
@@ -125,20 +90,8 @@ struct BatchStage::Impl {
         format());
   }
 
+  // BatchStage::run for the CPU device.
   Staged run_cpu(SlotRows& slot, int64_t rows, int64_t batch);
-#if LAMP_WITH_CUDA
-  std::vector<torch::Tensor> decode_on_gpu(
-      Lane& lane,
-      SlotRows& slot,
-      int64_t rows,
-      const Recipe& recipe);
-  Staged run_cuda(
-      Lane& lane,
-      SlotRows& slot,
-      int64_t rows,
-      int64_t batch,
-      const Recipe& recipe);
-#endif
 };
 
 BatchStage::BatchStage(const ImageLoaderOptions& options)
@@ -156,7 +109,7 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
       "device; got ",
       device);
   TORCH_CHECK(
-      options.decode() != ImageDecode::kGpu || LAMP_DATA_NVJPEG,
+      options.decode() != ImageDecode::kGpu || LAMP_WITH_NVJPEG,
       "ImageLoader: decode(ImageDecode::kGpu) (gpu_decode) needs lamp built "
       "with nvJPEG (LAMP_WITH_NVJPEG; pip install nvidia-nvjpeg or a CUDA "
       "toolkit with libnvjpeg); use ImageDecode::kCpu or kAuto");
@@ -170,47 +123,23 @@ BatchStage::BatchStage(const ImageLoaderOptions& options)
       options.stage_threads() > 0,
       "ImageLoader: stage_threads must be positive, got ",
       options.stage_threads());
-  impl.lanes.resize(options.stage_threads());
   if (!device.is_cuda()) {
     return;
   }
-#if LAMP_WITH_CUDA
-  const auto index =
-      device.has_index() ? device.index() : c10::cuda::current_device();
-  impl.options.device(torch::Device(torch::kCUDA, index));
-  // NOTE: high priority, so that the stage's few kernels a batch start as
-  // soon as SMs free up rather than queue behind the training step's. On
-  // an H200 it made no measurable difference to the step either way
-  // (docs/design/image-loader.md).
-  for (auto& lane : impl.lanes) {
-    lane.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index);
+  impl.cuda = make_cuda_stage(impl.options);
+  if (impl.cuda.mode == ImageDecode::kAuto) {
+    impl.split.emplace(options.num_threads(), options.stage_threads());
   }
-#if LAMP_DATA_NVJPEG
-  if (options.decode() == ImageDecode::kGpu ||
-      (options.decode() == ImageDecode::kAuto && nvjpeg_available(index))) {
-    impl.mode = options.decode();
-    for (auto& lane : impl.lanes) {
-      lane.nvjpeg =
-          std::make_unique<NvjpegDecoder>(index, options.batch_size());
-    }
-    if (impl.mode == ImageDecode::kAuto) {
-      impl.split.emplace(options.num_threads(), options.stage_threads());
-    }
-  }
-#endif
-#else
-  TORCH_CHECK(false, "ImageLoader: lamp was built without CUDA");
-#endif
 }
 
 BatchStage::~BatchStage() = default;
 
 int BatchStage::lanes() const {
-  return static_cast<int>(impl_->lanes.size());
+  return impl_->options.stage_threads();
 }
 
 int64_t BatchStage::gpu_rows(int64_t rows) const {
-  switch (impl_->mode) {
+  switch (impl_->cuda.mode) {
     case ImageDecode::kGpu:
       return rows;
     case ImageDecode::kAuto: {
@@ -231,39 +160,16 @@ bool BatchStage::prepare(
     int64_t epoch,
     int64_t index,
     double gpu_share) const {
-#if LAMP_DATA_NVJPEG
-  ImageHeader header;
-  // NOTE: anything but a JPEG whose header and markers nvJPEG takes goes to
-  // the CPU, damaged JPEGs too: libjpeg decodes some of those (as Pillow
-  // does) and otherwise says what is wrong.
-  if (!read_image_header(bytes.data(), bytes.size(), path, &header).empty() ||
-      header.format != ImageFormat::kJpeg) {
+  // NOTE: kAuto keeps progressive JPEGs on the CPU (nvjpeg_takes says why).
+  ImageSize size;
+  if (!impl_->to_gpu(gpu_share, index) ||
+      !nvjpeg_takes(bytes, path, impl_->split.has_value(), &size)) {
     return false;
   }
-  const JpegLayout layout = read_jpeg_layout(bytes.data(), bytes.size());
-  if (!nvjpeg_supports(layout)) {
-    return false;
-  }
-  // NOTE: nvJPEG's engines take only sequential JPEGs; its CUDA backend
-  // decodes a progressive one with the Huffman decoding on the calling
-  // thread, the stage thread, one image after another while the batch
-  // waits (a 400 kpx progressive JPEG costs libjpeg-turbo 2.7x a baseline
-  // one). With kAuto the decode threads, side by side, take them.
-  if (impl_->split && layout.frame_type == 2) {
-    return false;
-  }
-  if (!impl_->to_gpu(gpu_share, index)) {
-    return false;
-  }
-  row.placement = place(recipe, epoch, index, header.height, header.width);
+  row.placement = place(recipe, epoch, index, size.height, size.width);
   row.path = path;
   row.bytes = std::move(bytes);
   return true;
-#else
-  (void)row, (void)bytes, (void)path, (void)recipe, (void)epoch, (void)index,
-      (void)gpu_share;
-  return false;
-#endif
 }
 
 void BatchStage::record_thread(bool decoded, double seconds) {
@@ -307,184 +213,6 @@ Staged BatchStage::Impl::run_cpu(SlotRows& slot, int64_t rows, int64_t b) {
   return out;
 }
 
-#if LAMP_WITH_CUDA
-// The rows left encoded, decoded by nvJPEG on the lane's stream (an
-// undefined tensor for the others). A row nvJPEG cannot decode after all is
-// decoded on the CPU here; a corrupt one becomes a bad row.
-std::vector<torch::Tensor> BatchStage::Impl::decode_on_gpu(
-    Lane& lane,
-    SlotRows& slot,
-    int64_t rows,
-    const Recipe& recipe) {
-  std::vector<torch::Tensor> decoded(rows);
-#if LAMP_DATA_NVJPEG
-  std::vector<int64_t> which;
-  std::vector<const uint8_t*> data;
-  std::vector<size_t> sizes;
-  std::vector<std::string> names;
-  std::vector<CropBox> regions;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (slot.state[r] == RowState::kEncoded) {
-      which.push_back(r);
-      data.push_back(slot.encoded[r].bytes.data());
-      sizes.push_back(slot.encoded[r].bytes.size());
-      names.push_back(slot.encoded[r].path);
-      regions.push_back(slot.encoded[r].placement.box);
-    }
-  }
-  if (which.empty()) {
-    return decoded;
-  }
-  // Training: nvJPEG decodes only the crop (its ROI decode), as the decode
-  // threads do (partial_decode); the evaluation transform needs it all.
-  const bool roi = recipe.train && recipe.partial_decode;
-  std::vector<std::optional<NvjpegFailure>> failures;
-  auto images = lane.nvjpeg->decode(
-      data,
-      sizes,
-      names,
-      lane.stream->stream(),
-      &failures,
-      roi ? &regions : nullptr);
-  for (size_t k = 0; k < which.size(); ++k) {
-    const int64_t r = which[k];
-    if (!failures[k]) {
-      decoded[r] = std::move(images[k]);
-      if (roi) {
-        // The image is the crop now.
-        slot.encoded[r].placement.box.top = 0;
-        slot.encoded[r].placement.box.left = 0;
-      }
-      continue;
-    }
-    std::string problem = failures[k]->message;
-    if (failures[k]->unsupported) {
-      const auto& row = slot.encoded[r];
-      problem = transform_placed_into(
-          recipe,
-          row.placement,
-          row.bytes,
-          row.path,
-          lane.scratch,
-          slot.pixels[r]);
-    }
-    if (problem.empty()) {
-      slot.state[r] = RowState::kDecoded;
-    } else {
-      TORCH_CHECK(options.skip_bad_images(), problem, kSkipAdvice);
-      slot.state[r] = RowState::kBad;
-      slot.problem[r] = std::move(problem);
-    }
-  }
-#else
-  (void)lane, (void)slot, (void)recipe;
-#endif
-  return decoded;
-}
-
-Staged BatchStage::Impl::run_cuda(
-    Lane& lane,
-    SlotRows& slot,
-    int64_t rows,
-    int64_t batch,
-    const Recipe& recipe) {
-  const auto device = options.device();
-  c10::cuda::CUDAGuard device_guard(device);
-  auto& stream = *lane.stream;
-  c10::cuda::CUDAStreamGuard stream_guard(stream);
-  Staged out;
-  const auto gpu_images = decode_on_gpu(lane, slot, rows, recipe);
-  const auto source = output_rows(
-      slot, rows, options.replace_bad_images(), batch, out.bad_rows);
-  // Only the rows decoded on the CPU travel, in runs of consecutive rows.
-  auto host = slot.pixels.narrow(0, 0, rows);
-  torch::Tensor pixels;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (slot.state[r] == RowState::kDecoded) {
-      pixels = torch::empty(host.sizes(), host.options().device(device));
-      break;
-    }
-  }
-  for (int64_t r = 0; r < rows;) {
-    const bool copy = slot.state[r] == RowState::kDecoded;
-    int64_t end = r;
-    while (end < rows && (slot.state[end] == RowState::kDecoded) == copy) {
-      ++end;
-    }
-    if (copy) {
-      pixels.narrow(0, r, end - r)
-          .copy_(host.narrow(0, r, end - r), /*non_blocking=*/true);
-      out.cpu_decoded += end - r;
-    }
-    r = end;
-  }
-  // The crops for the GPU's resize (Recipe::gpu_resize), in one copy.
-  torch::Tensor crops;
-  int64_t crops_end = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (slot.state[r] == RowState::kCropped) {
-      const CropBox& box = slot.encoded[r].placement.box;
-      crops_end =
-          std::max(crops_end, slot.crop_offset[r] + box.height * box.width * 3);
-      ++out.cpu_decoded;
-    }
-  }
-  if (crops_end > 0) {
-    crops = torch::empty({crops_end}, slot.crops.options().device(device));
-    crops.copy_(slot.crops.narrow(0, 0, crops_end), /*non_blocking=*/true);
-  }
-  torch::Tensor targets;
-  if (out.bad_rows.empty()) {
-    targets = slot.targets.narrow(0, 0, rows)
-                  .to(device, /*non_blocking=*/true, /*copy=*/true);
-  } else {
-    const auto index = torch::tensor(source, torch::kLong);
-    targets = slot.targets.narrow(0, 0, rows).index_select(0, index).to(device);
-  }
-  // The slot's host rows and targets are free once the copies above have
-  // run (the kernel below reads their device copies).
-  if (!slot.released) {
-    slot.released.emplace(c10::DeviceType::CUDA);
-  }
-  slot.released->record(stream);
-  const int64_t n = static_cast<int64_t>(source.size());
-  std::vector<RowSource> sources(n);
-  for (int64_t o = 0; o < n; ++o) {
-    const int64_t r = source[o];
-    sources[o].row = o;
-    if (slot.state[r] == RowState::kDecoded) {
-      sources[o].image = pixels[r];
-      sources[o].as_is = true;
-    } else if (slot.state[r] == RowState::kCropped) {
-      const Placement& p = slot.encoded[r].placement;
-      sources[o].image =
-          crops.narrow(0, slot.crop_offset[r], p.box.height * p.box.width * 3)
-              .view({p.box.height, p.box.width, 3});
-      sources[o].placement = p;
-    } else {
-      sources[o].image = gpu_images[r];
-      sources[o].placement = slot.encoded[r].placement;
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    out.gpu_decoded += gpu_images[r].defined();
-  }
-  const int64_t size = options.image_size();
-  auto images = torch::empty(
-      {n, 3, size, size},
-      torch::TensorOptions().dtype(options.dtype()).device(device),
-      format());
-  Normalization normalization{options.mean(), options.std()};
-  write_rows(recipe, sources, &normalization, images);
-  // The batch is ready once everything above has run.
-  out.done.emplace(c10::DeviceType::CUDA);
-  out.done->record(stream);
-  out.batch.images = images;
-  out.batch.targets = targets;
-  return out;
-}
-#endif
-
 Staged BatchStage::run(
     SlotRows& slot,
     int64_t rows,
@@ -499,14 +227,10 @@ Staged BatchStage::run(
       " of ",
       lanes());
   const auto start = std::chrono::steady_clock::now();
-  Staged out;
-  if (!impl.options.device().is_cuda()) {
-    out = impl.run_cpu(slot, rows, batch);
-  } else {
-#if LAMP_WITH_CUDA
-    out = impl.run_cuda(impl.lanes[lane], slot, rows, batch, recipe);
-#endif
-  }
+  Staged out = impl.options.device().is_cuda()
+      ? run_cuda(
+            *impl.cuda.lanes[lane], impl.options, slot, rows, batch, recipe)
+      : impl.run_cpu(slot, rows, batch);
   if (impl.split) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -521,25 +245,9 @@ Staged BatchStage::run(
 }
 
 void BatchStage::hand_over(Staged& staged) const {
-#if LAMP_WITH_CUDA
-  auto& batch = staged.batch;
-  if (batch.images.is_cuda()) {
-    const auto current =
-        c10::cuda::getCurrentCUDAStream(batch.images.device().index());
-    // The caller's stream waits for the loader's (no host sync), and the
-    // caching allocator learns that the caller's stream uses the tensors,
-    // which were allocated on the loader's.
-    if (staged.done) {
-      staged.done->block(current);
-    }
-    c10::cuda::CUDACachingAllocator::recordStream(
-        batch.images.storage().data_ptr(), current);
-    c10::cuda::CUDACachingAllocator::recordStream(
-        batch.targets.storage().data_ptr(), current);
+  if (staged.batch.images.is_cuda()) {
+    hand_over_cuda(staged);
   }
-#else
-  (void)staged;
-#endif
 }
 
 } // namespace lamp::data::detail

@@ -6,7 +6,8 @@
 // one kernel that transforms, normalises and lays out the whole batch. Also
 // what the decode threads ask of it (which rows the GPU takes, a row's
 // header for the GPU). See Note [ImageLoader threads and streams] in
-// loader_pipeline.h.
+// loader_pipeline.h. batch_stage.cpp is the stage on any device and its
+// CPU batches; the CUDA work is batch_stage_cuda.{h,cpp}.
 
 #include <c10/core/Event.h>
 #include <lamp/data/image_loader.h>
@@ -75,6 +76,17 @@ struct Staged {
   // CUDA: recorded on its lane's stream after the batch's work.
   std::optional<c10::Event> done;
 };
+
+// Which row of the slot each output row shows: itself, or, for a bad row
+// with replace_bad_images (`replace`), the next good row (cyclically); bad
+// rows are left out otherwise. `bad` gets the bad rows. `batch` (its index
+// in the epoch) is for messages.
+std::vector<int64_t> output_rows(
+    const SlotRows& slot,
+    int64_t rows,
+    bool replace,
+    int64_t batch,
+    std::vector<int64_t>& bad);
 
 class BatchStage {
  public:
