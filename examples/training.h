@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,6 +92,25 @@ inline void add_precision_flags(
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str()
       ->group(kSpeedGroup);
+}
+
+/// The runs that --precision asks for: `precision`, or fp32, fp16 and bf16
+/// for "all". Empty, after a line on stderr, when "all" meets
+/// --checkpoint-dir (a checkpoint is one run): the example exits 2.
+inline std::vector<std::string> precision_runs(
+    const char* program,
+    const std::string& precision,
+    const RunOptions& run) {
+  if (precision != "all") {
+    return {precision};
+  }
+  if (!run.checkpoint_dir.empty()) {
+    std::cerr << program
+              << ": --checkpoint-dir takes one --precision (a checkpoint is "
+                 "one run)\n";
+    return {};
+  }
+  return {"fp32", "fp16", "bf16"};
 }
 
 /// --log-every (`help` says what it paces) and --metrics, in the help's
@@ -325,6 +345,46 @@ class SkippedSteps {
  private:
   torch::Tensor count_, skipped_;
 };
+
+/// What every example's summary record starts with: what ran.
+struct RunSummary {
+  std::string model;
+  std::string precision;
+  torch::Device device;
+  int64_t world_size = 1;
+  int64_t batch_size = 0; // a process's batch
+};
+
+/// The end of a run in every example: on rank 0 (`print`) the line saying
+/// how many of `steps` the loss scaler skipped, if any, after `prefix`; then
+/// the summary record: kind, `run`, the example's own `fields`, final_loss,
+/// final_scale and skipped_steps.
+inline void write_summary(
+    JsonLines& metrics,
+    const RunSummary& run,
+    const std::vector<std::pair<std::string, JsonLines::Value>>& fields,
+    double final_loss,
+    const lamp::GradScaler& scaler,
+    const SkippedSteps& skipped,
+    int64_t steps,
+    bool print,
+    const std::string& prefix) {
+  if (print && skipped.count() > 0) {
+    std::printf("%s%s\n", prefix.c_str(), skipped.says(steps).c_str());
+  }
+  std::vector<std::pair<std::string, JsonLines::Value>> record{
+      {"kind", std::string("summary")},
+      {"model", run.model},
+      {"precision", run.precision},
+      {"device", run.device.str()},
+      {"world_size", run.world_size},
+      {"batch_size", run.batch_size}};
+  record.insert(record.end(), fields.begin(), fields.end());
+  record.emplace_back("final_loss", final_loss);
+  record.emplace_back("final_scale", scaler.get_scale());
+  record.emplace_back("skipped_steps", skipped.count());
+  metrics.write(record);
+}
 
 /// --checkpoint-dir, --checkpoint-every, --resume and --stop-after.
 class RunCheckpoints {

@@ -349,34 +349,29 @@ int run(
   if (trace) {
     trace->stop();
   }
-  if (print && skipped_steps.count() > 0) {
-    std::printf("gpt_amp: %s\n", skipped_steps.says(done).c_str());
-  }
-
   const double median_ms = examples::median(step_ms);
   const double tokens_s = tokens_per_step * 1000.0 / median_ms;
   const double mfu =
       tokens_s * flops_per_token / (opt.peak_tflops * 1e12 * world);
   const double final_loss = loss.defined() ? loss.item<double>() : NAN;
   const auto peak = examples::peak_memory_bytes(device);
-  metrics.write(
-      {{"kind", std::string("summary")},
-       {"impl", std::string(opt.cuda_graph ? "lamp-graphed" : "lamp")},
-       {"model", opt.model},
-       {"precision", precision.name},
-       {"device", device.str()},
-       {"world_size", world},
-       {"batch_size", batch},
+  examples::write_summary(
+      metrics,
+      {opt.model, precision.name, device, world, batch},
+      {{"impl", std::string(opt.cuda_graph ? "lamp-graphed" : "lamp")},
        {"grad_accum", opt.grad_accum},
        {"seq_len", seq},
        {"steps", static_cast<int64_t>(step_ms.size())},
        {"ms_per_step", median_ms},
        {"tokens_per_s", tokens_s},
        {"mfu", mfu},
-       {"peak_memory_gib", peak / double(int64_t{1} << 30)},
-       {"final_loss", final_loss},
-       {"final_scale", scaler.get_scale()},
-       {"skipped_steps", skipped_steps.count()}});
+       {"peak_memory_gib", peak / double(int64_t{1} << 30)}},
+      final_loss,
+      scaler,
+      skipped_steps,
+      done,
+      print,
+      "gpt_amp: ");
   if (print) {
     std::printf(
         "\n%-12s %-9s %10s %12s %7s %10s %10s\n",

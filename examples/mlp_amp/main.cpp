@@ -359,25 +359,20 @@ Result train(
   result.images_per_s =
       done > 0 ? world_size * opt.batch_size * done * 1000.0 / total_ms : NAN;
   result.final_scale = scaler.get_scale();
-  if (print && skipped_steps.count() > 0) {
-    std::printf(
-        "[%s] %s\n", precision.name.c_str(), skipped_steps.says(done).c_str());
-  }
-  metrics.write(
-      {{"kind", std::string("summary")},
-       {"model", std::string("mlp")},
-       {"precision", precision.name},
-       {"device", device.str()},
-       {"world_size", world_size},
-       {"batch_size", opt.batch_size},
-       {"epochs", opt.epochs},
+  examples::write_summary(
+      metrics,
+      {"mlp", precision.name, device, world_size, opt.batch_size},
+      {{"epochs", opt.epochs},
        {"ms_per_step", result.ms_per_step},
        {"images_per_s", result.images_per_s},
        {"test_accuracy", result.accuracy},
-       {"peak_memory_bytes", examples::peak_memory_bytes(device)},
-       {"final_loss", result.final_loss},
-       {"final_scale", result.final_scale},
-       {"skipped_steps", skipped_steps.count()}});
+       {"peak_memory_bytes", examples::peak_memory_bytes(device)}},
+      result.final_loss,
+      scaler,
+      skipped_steps,
+      done,
+      print,
+      "[" + precision.name + "] ");
   return result;
 }
 
@@ -450,13 +445,9 @@ int main(int argc, char** argv) {
   if (opt.precision.empty()) {
     opt.precision = device.is_cuda() ? "fp16" : "bf16";
   }
-  std::vector<std::string> names = {opt.precision};
-  if (opt.precision == "all") {
-    names = {"fp32", "fp16", "bf16"};
-  }
-  if (names.size() > 1 && !opt.run.checkpoint_dir.empty()) {
-    std::cerr << "mlp_amp: --checkpoint-dir takes one --precision (a "
-                 "checkpoint is one run)\n";
+  const auto names =
+      examples::precision_runs("mlp_amp", opt.precision, opt.run);
+  if (names.empty()) {
     return 2;
   }
   Data data;

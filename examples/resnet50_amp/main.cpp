@@ -385,23 +385,15 @@ Result train(
   if (trace) {
     trace->stop();
   }
-  if (print && skipped_steps.count() > 0) {
-    std::printf(
-        "[%s] %s\n", precision.name.c_str(), skipped_steps.says(done).c_str());
-  }
   result.median_ms = examples::median(step_ms);
   result.images_per_s = world_size * opt.batch_size * 1000.0 / result.median_ms;
   result.peak_bytes = examples::peak_memory_bytes(device);
   result.final_loss = loss.defined() ? loss.item<double>() : NAN;
   result.final_scale = scaler.get_scale();
-  metrics.write(
-      {{"kind", std::string("summary")},
-       {"model", std::string("resnet50")},
-       {"precision", precision.name},
-       {"device", device.str()},
-       {"world_size", world_size},
-       {"batch_size", opt.batch_size},
-       {"image_size", opt.image_size},
+  examples::write_summary(
+      metrics,
+      {"resnet50", precision.name, device, world_size, opt.batch_size},
+      {{"image_size", opt.image_size},
        {"channels_last", opt.channels_last},
        {"cudnn_benchmark", opt.cudnn_benchmark},
        {"fused_bn", fused_bn},
@@ -411,10 +403,13 @@ Result train(
        {"steps", total_steps - warmup},
        {"median_step_ms", result.median_ms},
        {"images_per_s", result.images_per_s},
-       {"peak_memory_bytes", result.peak_bytes},
-       {"final_loss", result.final_loss},
-       {"final_scale", result.final_scale},
-       {"skipped_steps", skipped_steps.count()}});
+       {"peak_memory_bytes", result.peak_bytes}},
+      result.final_loss,
+      scaler,
+      skipped_steps,
+      done,
+      print,
+      "[" + precision.name + "] ");
   return result;
 }
 
@@ -569,13 +564,9 @@ int main(int argc, char** argv) {
   }
   opt.log_every = std::min(opt.log_every, opt.steps);
 
-  std::vector<std::string> names = {opt.precision};
-  if (opt.precision == "all") {
-    names = {"fp32", "fp16", "bf16"};
-  }
-  if (names.size() > 1 && !opt.run.checkpoint_dir.empty()) {
-    std::cerr << "resnet50_amp: --checkpoint-dir takes one --precision (a "
-                 "checkpoint is one run)\n";
+  const auto names =
+      examples::precision_runs("resnet50_amp", opt.precision, opt.run);
+  if (names.empty()) {
     return 2;
   }
   if (print) {
