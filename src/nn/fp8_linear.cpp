@@ -11,6 +11,8 @@
 
 #if LAMP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+
+#include "fp8_cast_cuda.h"
 #endif
 
 #include <cmath>
@@ -23,16 +25,43 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr double kTorchaoEps = 1e-12; // torchao's EPS for amax
-
-double max_of(at::ScalarType fp8) {
-  return fp8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
-}
-
-// `t` with column-major strides (cuBLASLt's layout for _scaled_mm's second
-// operand; the CPU takes it too).
-at::Tensor column_major(const at::Tensor& t) {
-  return t.t().contiguous().t();
+// `x` (a matrix) in `fp8` with the copies asked for: with `delayed`'s row
+// `row` scale (its amax recorded in the history's column 0), else the
+// current scale. On CUDA one kernel (fp8_cast_cuda.h), elsewhere the
+// reference ops and a transpose; the same bytes.
+Fp8Cast cast_operand(
+    const at::Tensor& x,
+    at::ScalarType fp8,
+    const at::Tensor* history,
+    const at::Tensor* scale,
+    int64_t row,
+    bool data,
+    bool transposed) {
+#if LAMP_WITH_CUDA
+  if (fp8_cast_cuda_applies(x)) {
+    return history ? fp8_cast_delayed_cuda(
+                         x,
+                         fp8,
+                         scale->select(0, row),
+                         history->select(0, row).select(0, 0),
+                         data,
+                         transposed)
+                   : fp8_cast_tensorwise_cuda(x, fp8, data, transposed);
+  }
+#endif
+  auto [q, inverse] = history
+      ? quantize_delayed(
+            x, fp8, scale->select(0, row), history->select(0, row).select(0, 0))
+      : quantize_tensorwise(x, fp8);
+  Fp8Cast out;
+  out.inverse_scale = std::move(inverse);
+  if (transposed) {
+    out.data_t = q.t().contiguous();
+  }
+  if (data) {
+    out.data = std::move(q);
+  }
+  return out;
 }
 
 // The GEMM's output dtype: autocast's when it is on for the input's device,
@@ -81,18 +110,14 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     // NOTE: under autocast the input is cast to its dtype first, as
     // torchao's Float8Linear does (a linear's inputs are autocast's).
     const auto rows = input.reshape({-1, in}).to(out_dtype);
-    auto quantize = [&](const at::Tensor& t, int64_t row) {
-      if (!history) {
-        return quantize_tensorwise(t, at::kFloat8_e4m3fn);
-      }
-      return quantize_delayed(
-          t,
-          at::kFloat8_e4m3fn,
-          scale->select(0, row),
-          history->select(0, row).select(0, 0));
-    };
-    auto [x8, x_inv] = quantize(rows, 0);
-    auto [w8, w_inv] = quantize(weight, 1);
+    const at::Tensor* h = history ? &*history : nullptr;
+    const at::Tensor* sc = scale ? &*scale : nullptr;
+    // NOTE: the transposes for the backward's GEMMs are written now, by the
+    // same kernel, and saved instead of the row-major copies (same memory).
+    const auto x8 =
+        cast_operand(rows, at::kFloat8_e4m3fn, h, sc, 0, true, true);
+    const auto w8 =
+        cast_operand(weight, at::kFloat8_e4m3fn, h, sc, 1, true, true);
     if (history) {
       ctx->saved_data["history"] = *history;
       ctx->saved_data["scale"] = *scale;
@@ -102,17 +127,18 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     const bool epilogue =
         bias && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
     auto y = scaled_mm(
-        x8,
-        x_inv,
-        w8.t(),
-        w_inv,
+        x8.data,
+        x8.inverse_scale,
+        w8.data.t(),
+        w8.inverse_scale,
         out_dtype,
         epilogue ? std::optional<at::Tensor>(bias->to(out_dtype))
                  : std::nullopt);
     if (bias && !epilogue) {
       y = y + bias->to(out_dtype);
     }
-    ctx->save_for_backward({x8, x_inv, w8, w_inv});
+    ctx->save_for_backward(
+        {x8.data_t, x8.inverse_scale, w8.data_t, w8.inverse_scale});
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->saved_data["in_dtype"] = input.scalar_type();
     ctx->saved_data["w_dtype"] = weight.scalar_type();
@@ -123,29 +149,35 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto& x8 = saved[0];
+    const auto& x8_t = saved[0]; // [in, rows]
     const auto& x_inv = saved[1];
-    const auto& w8 = saved[2];
+    const auto& w8_t = saved[2]; // [in, out]
     const auto& w_inv = saved[3];
     const auto in_dtype = ctx->saved_data["in_dtype"].toScalarType();
     const auto w_dtype = ctx->saved_data["w_dtype"].toScalarType();
-    const int64_t out = w8.size(0);
+    const int64_t out = w8_t.size(1);
     const auto& grad = grads[0];
     const auto g = grad.reshape({-1, out});
-    auto [g8, g_inv] = ctx->saved_data.count("history") == 0
-        ? quantize_tensorwise(g, at::kFloat8_e5m2)
-        : quantize_delayed(
-              g,
-              at::kFloat8_e5m2,
-              ctx->saved_data["scale"].toTensor().select(0, 2),
-              ctx->saved_data["history"].toTensor().select(0, 2).select(0, 0));
-    // dX = dY @ W: e5m2 x e4m3.
-    auto dx = scaled_mm(g8, g_inv, column_major(w8), w_inv, in_dtype);
+    const bool delayed = ctx->saved_data.count("history") != 0;
+    at::Tensor history, scale;
+    if (delayed) {
+      history = ctx->saved_data["history"].toTensor();
+      scale = ctx->saved_data["scale"].toTensor();
+    }
+    const auto g8 = cast_operand(
+        g,
+        at::kFloat8_e5m2,
+        delayed ? &history : nullptr,
+        delayed ? &scale : nullptr,
+        2,
+        true,
+        true);
+    // dX = dY @ W: e5m2 x e4m3 (W column-major: its transpose's view).
+    auto dx = scaled_mm(g8.data, g8.inverse_scale, w8_t.t(), w_inv, in_dtype);
     auto in_sizes = grad.sizes().vec();
-    in_sizes.back() = w8.size(1);
+    in_sizes.back() = w8_t.size(0);
     // dW = dY^T @ X: e5m2 x e4m3, into the weight's dtype (fp32 master).
-    auto dw =
-        scaled_mm(g8.t().contiguous(), g_inv, column_major(x8), x_inv, w_dtype);
+    auto dw = scaled_mm(g8.data_t, g8.inverse_scale, x8_t.t(), x_inv, w_dtype);
     at::Tensor db;
     if (ctx->saved_data["has_bias"].toBool()) {
       db = g.sum(0, /*keepdim=*/false, at::kFloat).to(w_dtype);
@@ -159,9 +191,9 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
 std::pair<at::Tensor, at::Tensor> quantize_tensorwise(
     const at::Tensor& x,
     at::ScalarType fp8) {
-  const double max = max_of(fp8);
+  const double max = fp8_max_of(fp8);
   const auto amax = x.abs().amax().to(at::kFloat);
-  const auto scale = max / amax.clamp_min(kTorchaoEps);
+  const auto scale = max / amax.clamp_min(kFp8AmaxEps);
   auto data = (x.to(at::kFloat) * scale).clamp(-max, max).to(fp8);
   return {std::move(data), scale.reciprocal()};
 }
@@ -171,7 +203,7 @@ std::pair<at::Tensor, at::Tensor> quantize_delayed(
     at::ScalarType fp8,
     const at::Tensor& scale,
     const at::Tensor& amax) {
-  const double max = max_of(fp8);
+  const double max = fp8_max_of(fp8);
   amax.copy_(x.abs().amax());
   const auto scaled = x.to(at::kFloat) * scale;
   // NOTE: saturate finite values only: an inf must not become the
@@ -197,8 +229,8 @@ void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
   // Transformer Engine's _default_sf_compute: (fp8_max / amax) / 2^margin,
   // the fp8 max per row (e4m3 for the input and weight, e5m2 for the
   // gradient). NOTE: filled, not copied from the host (capturable).
-  auto fp8_max = at::full({3}, max_of(at::kFloat8_e4m3fn), amax.options());
-  fp8_max.narrow(0, 2, 1).fill_(max_of(at::kFloat8_e5m2));
+  auto fp8_max = at::full({3}, fp8_max_of(at::kFloat8_e4m3fn), amax.options());
+  fp8_max.narrow(0, 2, 1).fill_(fp8_max_of(at::kFloat8_e5m2));
   const auto sf = fp8_max.div(amax).div_(std::ldexp(1.0, recipe.margin()));
   s.scale.copy_(
       at::where(amax.gt(0).logical_and_(amax.isfinite()), sf, s.scale));

@@ -41,6 +41,22 @@ at::Tensor fp8_linear(
 /// (column 0 going to the end) and column 0 zeroed for this step's amaxes.
 void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe);
 
+/// The largest finite value of an FP8 format (Float8_e4m3fn: 448,
+/// Float8_e5m2: 57344).
+inline double fp8_max_of(at::ScalarType fp8) {
+  return fp8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+}
+
+/// The smallest amax current scaling divides by (torchao's EPS).
+inline constexpr double kFp8AmaxEps = 1e-12;
+
+/// An operand in FP8: its data row-major, its transpose (contiguous, what
+/// the backward's GEMMs take), either undefined where not asked for, and
+/// 1 / scale (what dequantises).
+struct Fp8Cast {
+  at::Tensor data, data_t, inverse_scale;
+};
+
 /// `x` in `fp8` with a given scale (a 0-d fp32 tensor): data = x * scale,
 /// finite values saturated at the format's maximum, inf and NaN left as
 /// they are (e4m3 turns them into NaN); amax(|x|) written to `amax` (a 0-d

@@ -1,0 +1,34 @@
+#pragma once
+
+// Internal: lamp::nn::linear's FP8 casts on CUDA, one kernel each
+// (fp8_cast_kernel.h): quantize_delayed's and quantize_tensorwise's results
+// (fp8_linear.h), bit for bit, with the row-major copy, the transposed copy
+// the backward's GEMMs take, or both, from one read of the operand.
+
+#include <ATen/core/Tensor.h>
+
+#include "fp8_linear.h"
+
+namespace lamp::nn::detail {
+
+/// Whether the kernels take `x`: a CUDA fp32, fp16 or bf16 matrix with an
+/// even number of rows and columns (contiguous or not: it is made so).
+bool fp8_cast_cuda_applies(const at::Tensor& x);
+
+/// quantize_delayed(x, fp8, scale, amax), its data as asked.
+Fp8Cast fp8_cast_delayed_cuda(
+    const at::Tensor& x,
+    at::ScalarType fp8,
+    const at::Tensor& scale,
+    const at::Tensor& amax,
+    bool data,
+    bool transposed);
+
+/// quantize_tensorwise(x, fp8), its data as asked.
+Fp8Cast fp8_cast_tensorwise_cuda(
+    const at::Tensor& x,
+    at::ScalarType fp8,
+    bool data,
+    bool transposed);
+
+} // namespace lamp::nn::detail

@@ -1,0 +1,209 @@
+#include "fp8_cast_kernel.h"
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "cuda_dtype.cuh"
+
+namespace lamp::nn::detail {
+namespace {
+
+constexpr int kTile = 64; // a block's tile: kTile x kTile elements
+constexpr int kThreadsX = 32; // each thread: two neighbouring columns
+constexpr int kThreadsY = 8; // ... of kTile / kThreadsY rows
+
+// Two neighbouring elements of x as floats (one 4- or 8-byte load).
+template <typename T>
+struct Pair;
+template <>
+struct Pair<float> {
+  __device__ static float2 load(const float* p) {
+    return *reinterpret_cast<const float2*>(p);
+  }
+};
+template <>
+struct Pair<__half> {
+  __device__ static float2 load(const __half* p) {
+    return __half22float2(*reinterpret_cast<const __half2*>(p));
+  }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  __device__ static float2 load(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  }
+};
+
+// |v|'s bits: an unsigned order in which NaN > inf > any finite value, so
+// that an integer max is amax's (NaN propagates, as ATen's amax).
+__device__ inline unsigned abs_bits(float v) {
+  return __float_as_uint(v) & 0x7fffffffu;
+}
+
+// NOTE: c10's float -> Float8_e4m3fn / Float8_e5m2 conversions (what the
+// reference's .to(fp8) does) round to nearest even, turn NaN into 0x7F and
+// e5m2's out-of-range values into inf (0x7C), keeping the sign. The values
+// reaching the hardware conversion here are finite and within the format's
+// range (saturated before), where it rounds to nearest even too; the
+// non-finite ones get c10's bytes directly.
+template <Fp8CastFormat F>
+__device__ inline uint8_t to_fp8(float s, bool saturate_inf) {
+  constexpr float kMax = F == Fp8CastFormat::kE4M3 ? 448.0f : 57344.0f;
+  const uint8_t sign = (__float_as_uint(s) >> 24) & 0x80u;
+  if (isnan(s)) {
+    return 0x7F | sign;
+  }
+  if (isinf(s) && !saturate_inf) {
+    return (F == Fp8CastFormat::kE4M3 ? 0x7F : 0x7C) | sign;
+  }
+  // ATen's clamp(-max, max): inf saturates, -0 stays -0.
+  s = fminf(fmaxf(s, -kMax), kMax);
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(
+      s, __NV_SATFINITE, F == Fp8CastFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+// The block's amax into *amax: a warp max, then one atomic per warp.
+__device__ inline void fold_amax(unsigned m, float* amax) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  if ((threadIdx.x & 31) == 0 && m != 0) {
+    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  }
+}
+
+// One kTile x kTile tile of x: thread (tx, ty) reads columns 2 tx, 2 tx + 1
+// of rows ty, ty + 8, ... (a warp reads 64 consecutive elements of a row),
+// writes their bytes to `out` the same way, and through shared memory
+// writes the transpose's rows (a warp writes 64 consecutive bytes of one).
+template <typename T, Fp8CastFormat F>
+__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+    fp8_cast_kernel(Fp8CastArgs a) {
+  // NOTE: 4 bytes of padding a row: the transpose's reads of a column go to
+  // different banks (two-way conflicts at most).
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const T* x = static_cast<const T*>(a.x);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const float scale = *a.scale;
+  const int64_t c = col0 + 2 * tx;
+  unsigned m = 0;
+#pragma unroll
+  for (int i = ty; i < kTile; i += kThreadsY) {
+    const int64_t r = row0 + i;
+    // NOTE: cols is even, so a pair is all in or all out.
+    if (r < a.rows && c < a.cols) {
+      const float2 v = Pair<T>::load(x + r * a.cols + c);
+      m = max(m, max(abs_bits(v.x), abs_bits(v.y)));
+      const uint8_t b0 = to_fp8<F>(v.x * scale, a.saturate_inf);
+      const uint8_t b1 = to_fp8<F>(v.y * scale, a.saturate_inf);
+      if (a.out != nullptr) {
+        *reinterpret_cast<uint16_t*>(a.out + r * a.cols + c) =
+            static_cast<uint16_t>(b0 | (b1 << 8));
+      }
+      tile[i][2 * tx] = b0;
+      tile[i][2 * tx + 1] = b1;
+    }
+  }
+  if (a.amax != nullptr) {
+    fold_amax(m, a.amax);
+  }
+  if (a.out_t == nullptr) {
+    return;
+  }
+  __syncthreads();
+  // The transpose: its row j is x's column col0 + j; thread tx writes its
+  // elements row0 + 2 tx, row0 + 2 tx + 1.
+  const int64_t r = row0 + 2 * tx;
+#pragma unroll
+  for (int j = ty; j < kTile; j += kThreadsY) {
+    const int64_t cj = col0 + j;
+    if (cj < a.cols && r < a.rows) {
+      // NOTE: rows is even too.
+      *reinterpret_cast<uint16_t*>(a.out_t + cj * a.rows + r) =
+          static_cast<uint16_t>(tile[2 * tx][j] | (tile[2 * tx + 1][j] << 8));
+    }
+  }
+}
+
+template <typename T>
+__global__ void fp8_amax_kernel(const T* x, int64_t n, float* amax) {
+  unsigned m = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n;
+       i += stride) {
+    m = max(m, abs_bits(to_float(x[i])));
+  }
+  fold_amax(m, amax);
+}
+
+template <typename T>
+cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
+  const dim3 block(kThreadsX, kThreadsY);
+  // NOTE: row tiles in x (up to 2^31 - 1 of them), column tiles in y.
+  const dim3 grid(
+      static_cast<unsigned>((a.rows + kTile - 1) / kTile),
+      static_cast<unsigned>((a.cols + kTile - 1) / kTile));
+  if (a.format == Fp8CastFormat::kE4M3) {
+    fp8_cast_kernel<T, Fp8CastFormat::kE4M3><<<grid, block, 0, stream>>>(a);
+  } else {
+    fp8_cast_kernel<T, Fp8CastFormat::kE5M2><<<grid, block, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0 || args.cols <= 0) {
+    return cudaSuccess;
+  }
+  if (args.rows % 2 != 0 || args.cols % 2 != 0 ||
+      (args.cols + kTile - 1) / kTile > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  switch (args.input_type) {
+    case Fp8CastInput::kFloat:
+      return launch_typed<float>(args, stream);
+    case Fp8CastInput::kHalf:
+      return launch_typed<__half>(args, stream);
+    case Fp8CastInput::kBFloat16:
+      return launch_typed<__nv_bfloat16>(args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_fp8_amax(
+    Fp8CastInput input_type,
+    const void* x,
+    int64_t n,
+    float* amax,
+    cudaStream_t stream) {
+  if (n <= 0) {
+    return cudaSuccess;
+  }
+  constexpr int kThreads = 256;
+  // Enough blocks to fill the GPU; each thread then strides.
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1024);
+  const auto grid = static_cast<unsigned>(blocks);
+  switch (input_type) {
+    case Fp8CastInput::kFloat:
+      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
+          static_cast<const float*>(x), n, amax);
+      break;
+    case Fp8CastInput::kHalf:
+      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
+          static_cast<const __half*>(x), n, amax);
+      break;
+    case Fp8CastInput::kBFloat16:
+      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(x), n, amax);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+} // namespace lamp::nn::detail

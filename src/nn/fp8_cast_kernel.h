@@ -1,0 +1,51 @@
+#pragma once
+
+// Internal: the FP8 casts of lamp::nn::linear's FP8 path in one pass each
+// (fp8_cast_cuda.cpp is the caller). What the ATen reference
+// (quantize_delayed / quantize_tensorwise in fp8_linear.cpp) does in about
+// ten passes over the operand (abs, amax, to float, multiply, clamp, where,
+// to FP8, then a transpose for the backward's GEMMs), these kernels do
+// reading it once: the amax of |x|, and x * scale saturated and rounded to
+// FP8 into a row-major copy, a transposed copy, or both. Bit for bit the
+// reference's bytes. Plain CUDA, no LibTorch types.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace lamp::nn::detail {
+
+enum class Fp8CastInput { kFloat, kHalf, kBFloat16 };
+enum class Fp8CastFormat { kE4M3, kE5M2 };
+
+struct Fp8CastArgs {
+  Fp8CastInput input_type = Fp8CastInput::kBFloat16;
+  const void* x = nullptr; // rows x cols, row-major (cols contiguous)
+  int64_t rows = 0, cols = 0; // each even
+  Fp8CastFormat format = Fp8CastFormat::kE4M3;
+  // What x is multiplied by before the cast (device, fp32).
+  const float* scale = nullptr;
+  // true (current scaling, torchao): inf saturates at the format's maximum
+  // like any large value. false (delayed scaling): only finite values
+  // saturate; inf and NaN stay non-finite (e4m3 has no inf: NaN).
+  bool saturate_inf = false;
+  uint8_t* out = nullptr; // rows x cols, row-major; or null
+  uint8_t* out_t = nullptr; // cols x rows, row-major (x's transpose); or null
+  // max(|x|) folded in with atomicMax on the float's bits (NaN wins, then
+  // inf), as x.abs().amax(): the caller zeroes it first. Or null.
+  float* amax = nullptr;
+};
+
+// Enqueues the cast on `stream`: tiles of 64 x 64 elements.
+cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
+
+// max(|x|) of `n` elements of x (contiguous) into *amax, as above (zeroed
+// by the caller).
+cudaError_t launch_fp8_amax(
+    Fp8CastInput input_type,
+    const void* x,
+    int64_t n,
+    float* amax,
+    cudaStream_t stream);
+
+} // namespace lamp::nn::detail

@@ -1,0 +1,194 @@
+// lamp::nn::linear's FP8 casts on CUDA (src/nn/fp8_cast_cuda.h): one
+// kernel writes what the reference ops (quantize_delayed,
+// quantize_tensorwise) write, byte for byte, and the transposed copy the
+// backward's GEMMs take, for fp32, fp16 and bf16 operands, both formats,
+// shapes that are not multiples of the kernel's tile, strided and
+// misaligned views, and the values that matter: saturation, inf, NaN, -0
+// and numbers that round to FP8's subnormals.
+
+#include <lamp/config.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "nn/fp8_linear.h"
+#include "support.h"
+
+#if LAMP_WITH_CUDA
+#include "nn/fp8_cast_cuda.h"
+#endif
+
+// NOTE: the whole file in a namespace of its own: lamp_tests is a unity
+// build (LAMP_UNITY_BUILD).
+namespace fp8_cast_test {
+
+namespace {
+
+#if LAMP_WITH_CUDA
+
+using lamp::nn::detail::Fp8Cast;
+
+// An operand with every kind of value the casts treat apart.
+torch::Tensor operand(
+    int64_t rows,
+    int64_t cols,
+    torch::ScalarType dtype,
+    bool specials) {
+  torch::manual_seed(rows * 7 + cols);
+  auto x = torch::randn({rows, cols}) * 3;
+  // Some tiny ones (FP8 subnormals or zero after scaling) and some large.
+  x.index_put_({torch::indexing::Slice(0, 1)}, x[0] * 1e-6);
+  x.index_put_({torch::indexing::Slice(1, 2)}, x[1] * 1e3);
+  if (specials) {
+    const float inf = std::numeric_limits<float>::infinity();
+    x[2][0] = inf;
+    x[2][1] = -inf;
+    x[3][2] = std::numeric_limits<float>::quiet_NaN();
+    x[3][3] = -0.0f;
+  }
+  return x.to(torch::Device(torch::kCUDA), dtype);
+}
+
+// The bytes of an FP8 tensor, each NaN made 0x7F (e4m3: 0x7F and 0xFF;
+// e5m2: an all-ones exponent with a mantissa, either sign).
+torch::Tensor bytes(const torch::Tensor& t) {
+  const auto b = t.contiguous().view(torch::kUInt8).to(torch::kInt32).cpu();
+  const auto low = b.bitwise_and(0x7F);
+  const auto nan =
+      t.scalar_type() == torch::kFloat8_e5m2 ? low > 0x7C : low == 0x7F;
+  return torch::where(nan, torch::full_like(b, 0x7F), b);
+}
+
+void expect_same_cast(
+    const Fp8Cast& fused,
+    const torch::Tensor& data,
+    const torch::Tensor& inverse,
+    const std::string& what) {
+  ASSERT_TRUE(fused.data.defined()) << what;
+  ASSERT_TRUE(fused.data_t.defined()) << what;
+  EXPECT_EQ(fused.data.scalar_type(), data.scalar_type()) << what;
+  EXPECT_TRUE(torch::equal(bytes(fused.data), bytes(data))) << what;
+  EXPECT_TRUE(torch::equal(bytes(fused.data_t), bytes(data.t()))) << what;
+  EXPECT_TRUE(fused.data_t.is_contiguous()) << what;
+  EXPECT_TRUE(torch::equal(fused.inverse_scale.cpu(), inverse.cpu())) << what;
+}
+
+// Every operand dtype x format x shape, with and without non-finite values.
+template <typename Check>
+void for_each_case(Check check) {
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    for (const auto fp8 : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+      for (const auto [rows, cols] :
+           {std::tuple<int64_t, int64_t>{64, 64},
+            {130, 258},
+            {16, 1000},
+            {1024, 768}}) {
+        for (const bool specials : {false, true}) {
+          const auto x = operand(rows, cols, dtype, specials);
+          std::ostringstream what;
+          what << dtype << " -> " << fp8 << " " << rows << "x" << cols
+               << (specials ? " with inf/NaN" : "");
+          check(x, fp8, what.str());
+        }
+      }
+    }
+  }
+}
+
+TEST(Fp8CastGpu, TensorwiseIsTheReferenceByteForByte) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  for_each_case([](const torch::Tensor& x,
+                   torch::ScalarType fp8,
+                   const std::string& what) {
+    const auto [data, inverse] = lamp::nn::detail::quantize_tensorwise(x, fp8);
+    const auto fused = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+        x, fp8, /*data=*/true, /*transposed=*/true);
+    expect_same_cast(fused, data, inverse, what);
+  });
+}
+
+TEST(Fp8CastGpu, DelayedIsTheReferenceByteForByteAndRecordsTheAmax) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  for_each_case([](const torch::Tensor& x,
+                   torch::ScalarType fp8,
+                   const std::string& what) {
+    // A scale that makes the largest values overflow the format (they
+    // saturate), as a delayed scale does when amax grows.
+    const auto finite = torch::nan_to_num(x.to(torch::kFloat), 0, 0, 0);
+    const auto scale = (4 * lamp::nn::detail::fp8_max_of(fp8) /
+                        finite.abs().max().clamp_min(1e-12))
+                           .to(torch::kFloat);
+    // Each amax a slot of a history, as lamp::nn::Linear's.
+    auto history = torch::full({3, 4}, 7.0f, x.options().dtype(torch::kFloat));
+    auto reference_history = history.clone();
+    const auto [data, inverse] = lamp::nn::detail::quantize_delayed(
+        x, fp8, scale, reference_history.select(0, 1).select(0, 0));
+    const auto fused = lamp::nn::detail::fp8_cast_delayed_cuda(
+        x,
+        fp8,
+        scale,
+        history.select(0, 1).select(0, 0),
+        /*data=*/true,
+        /*transposed=*/true);
+    expect_same_cast(fused, data, inverse, what);
+    EXPECT_TRUE(torch::equal(
+        history.nan_to_num(-1).cpu(), reference_history.nan_to_num(-1).cpu()))
+        << what << "\nfused:\n"
+        << history << "\nreference:\n"
+        << reference_history;
+  });
+}
+
+TEST(Fp8CastGpu, StridedAndMisalignedOperandsAreCastAsTheirValues) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const auto base = operand(96, 130, torch::kBFloat16, true);
+  // A transposed view, and a contiguous view that starts at an odd element.
+  const auto strided = base.t();
+  const auto misaligned = base.flatten().narrow(0, 1, 94 * 130).view({94, 130});
+  for (const auto& x : {strided, misaligned}) {
+    for (const auto fp8 : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+      const auto [data, inverse] =
+          lamp::nn::detail::quantize_tensorwise(x, fp8);
+      const auto fused = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+          x, fp8, /*data=*/true, /*transposed=*/true);
+      expect_same_cast(fused, data, inverse, "a view");
+    }
+  }
+}
+
+TEST(Fp8CastGpu, OnlyTheCopiesAskedForAreWritten) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const auto x = operand(64, 32, torch::kBFloat16, false);
+  const auto t_only = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+      x, torch::kFloat8_e4m3fn, /*data=*/false, /*transposed=*/true);
+  EXPECT_FALSE(t_only.data.defined());
+  ASSERT_TRUE(t_only.data_t.defined());
+  EXPECT_EQ(t_only.data_t.sizes(), torch::IntArrayRef({32, 64}));
+  const auto data_only = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+      x, torch::kFloat8_e4m3fn, /*data=*/true, /*transposed=*/false);
+  EXPECT_FALSE(data_only.data_t.defined());
+  EXPECT_TRUE(torch::equal(bytes(data_only.data), bytes(t_only.data_t.t())));
+  // An odd dimension is not the kernels' case.
+  EXPECT_FALSE(lamp::nn::detail::fp8_cast_cuda_applies(
+      torch::zeros({3, 4}, x.options())));
+  EXPECT_FALSE(lamp::nn::detail::fp8_cast_cuda_applies(
+      torch::zeros({4, 4}, torch::kBFloat16)));
+}
+
+#else
+
+TEST(Fp8CastGpu, NotBuilt) {
+  GTEST_SKIP() << "lamp was built without CUDA: no FP8 cast kernels";
+}
+
+#endif
+
+} // namespace
+
+} // namespace fp8_cast_test
