@@ -25,10 +25,16 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// NOTE: the one-kernel casts (fp8_cast_cuda.h) are built and have their
+// tests (Fp8CastGpu.*, against the reference ops byte for byte), but were
+// written where no GPU could run them; they are used here once those tests
+// have passed on one. Until then CUDA takes the reference ops, as before.
+constexpr bool kFusedCasts = false;
+
 // `x` (a matrix) in `fp8` with the copies asked for: with `delayed`'s row
 // `row` scale (its amax recorded in the history's column 0), else the
-// current scale. On CUDA one kernel (fp8_cast_cuda.h), elsewhere the
-// reference ops and a transpose; the same bytes.
+// current scale. On CUDA one kernel (fp8_cast_cuda.h, with kFusedCasts),
+// elsewhere the reference ops and a transpose; the same bytes.
 Fp8Cast cast_operand(
     const at::Tensor& x,
     at::ScalarType fp8,
@@ -38,7 +44,7 @@ Fp8Cast cast_operand(
     bool data,
     bool transposed) {
 #if LAMP_WITH_CUDA
-  if (fp8_cast_cuda_applies(x)) {
+  if (kFusedCasts && fp8_cast_cuda_applies(x)) {
     return history ? fp8_cast_delayed_cuda(
                          x,
                          fp8,
