@@ -216,22 +216,32 @@ int run(
   auto train_step = [&](const std::vector<torch::Tensor>& in) {
     optimizer.zero_grad();
     torch::Tensor sum;
-    for (int64_t a = 0; a < opt.grad_accum; ++a) {
-      const auto x = in[0].narrow(0, a * batch, batch);
-      const auto y = in[1].narrow(0, a * batch, batch);
-      torch::Tensor loss;
-      {
-        lamp::AutocastGuard autocast(
-            device.type(), precision.dtype, precision.amp);
-        // Every linear layer's weight and bias cast in one kernel (their
-        // gradients back in another) instead of one each.
-        lamp::CastWeightsGuard cast(*model, device.type());
-        // --precision fp8: the blocks' GEMMs in FP8 (lamp/fp8.h).
-        lamp::Fp8AutocastGuard fp8(fp8_recipe, precision.fp8);
-        loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
+    {
+      // --precision fp8: the blocks' GEMMs in FP8 (lamp/fp8.h), one scope
+      // for the step's micro-batches so that each weight is cast to FP8
+      // once a step.
+      lamp::Fp8AutocastGuard fp8(fp8_recipe, precision.fp8);
+      for (int64_t a = 0; a < opt.grad_accum; ++a) {
+        const auto x = in[0].narrow(0, a * batch, batch);
+        const auto y = in[1].narrow(0, a * batch, batch);
+        torch::Tensor loss;
+        {
+          lamp::AutocastGuard autocast(
+              device.type(), precision.dtype, precision.amp);
+          // Every linear layer's weight and bias cast in one kernel (their
+          // gradients back in another) instead of one each. NOTE: not with
+          // FP8, whose layers cast the fp32 weights to FP8 themselves and
+          // get fp32 weight gradients from their GEMMs: a 16-bit copy first
+          // would be one more pass over each weight and its gradient.
+          std::optional<lamp::CastWeightsGuard> cast;
+          if (!precision.fp8) {
+            cast.emplace(*model, device.type());
+          }
+          loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
+        }
+        scaler.scale(loss).backward();
+        sum = a == 0 ? loss.detach() : sum + loss.detach();
       }
-      scaler.scale(loss).backward();
-      sum = a == 0 ? loss.detach() : sum + loss.detach();
     }
     examples::step_optimizer(scaler, optimizer, opt.run.clip_grad_norm);
     return sum;

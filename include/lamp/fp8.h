@@ -96,6 +96,11 @@ struct LAMP_API Fp8Recipe {
 /// - Activation checkpointing (lamp::checkpoint): the recompute runs in the
 ///   FP8 scope the forward call had, and does not update delayed scales
 ///   again.
+/// - Weights: each is cast to FP8 once a scope; later calls in the scope
+///   (the next micro-batch, a recompute, a tied layer) reuse the copy while
+///   the weight is unchanged (its version: in-place ops, optimizer steps,
+///   GraphedStep replays), so a scope around a step's micro-batches casts
+///   each weight once a step. The copies are freed when the scope ends.
 /// - Not copyable; state is thread-local: the scope of the thread that runs
 ///   the forward pass decides (backward follows it).
 ///

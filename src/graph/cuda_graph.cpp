@@ -4,6 +4,7 @@
 #include <lamp/optim.h>
 
 #include "../dist/backend.h"
+#include "../optim/bump_versions.h"
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -409,6 +410,13 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
   impl.check_collectives();
   impl.graph->replay();
   impl.watch_replay(c10::cuda::getCurrentCUDAStream());
+  // The replay stepped the parameters in kernels alone: their versions say
+  // so, as an eager step's would (src/optim/bump_versions.h).
+  for (auto* optimizer : impl.optimizers) {
+    for (const auto& group : optimizer->param_groups()) {
+      detail::bump_versions(group.params());
+    }
+  }
 #endif
   return impl.loss;
 }

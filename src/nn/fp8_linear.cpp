@@ -14,7 +14,9 @@
 
 #include "fp8_cast_cuda.h"
 #endif
+#include "fp8_weight_cache.h"
 
+#include <atomic>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -70,6 +72,37 @@ Fp8Cast cast_operand(
   return out;
 }
 
+std::atomic<int64_t> weight_casts{0};
+
+// `weight` in e4m3, row-major and transposed: the copies this thread's FP8
+// scope made of it already when they still hold (Note [FP8 weight cache]),
+// else new ones, kept for the scope's next calls. Under delayed scaling
+// (`history`, `scale`: the layer's state) a reused copy records the amax
+// its cast recorded, as casting again would.
+Fp8Cast weight_operand(
+    const at::Tensor& weight,
+    const at::Tensor* history,
+    const at::Tensor* scale) {
+  const auto& layer_scale = scale ? *scale : at::Tensor();
+  const auto newest = [&] { return history->select(0, 1).select(0, 0); };
+  if (const auto* copy = fp8_cached_weight(weight, layer_scale)) {
+    if (history) {
+      newest().copy_(copy->amax);
+    }
+    return copy->cast;
+  }
+  Fp8WeightCopy copy;
+  copy.cast =
+      cast_operand(weight, at::kFloat8_e4m3fn, history, scale, 1, true, true);
+  weight_casts.fetch_add(1, std::memory_order_relaxed);
+  if (history) {
+    copy.amax = newest().clone();
+  }
+  auto cast = copy.cast;
+  fp8_cache_weight(weight, layer_scale, std::move(copy));
+  return cast;
+}
+
 // The GEMM's output dtype: autocast's when it is on for the input's device,
 // else the input's.
 at::ScalarType out_dtype_of(const at::Tensor& input) {
@@ -122,8 +155,7 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     // same kernel, and saved instead of the row-major copies (same memory).
     const auto x8 =
         cast_operand(rows, at::kFloat8_e4m3fn, h, sc, 0, true, true);
-    const auto w8 =
-        cast_operand(weight, at::kFloat8_e4m3fn, h, sc, 1, true, true);
+    const auto w8 = weight_operand(weight, h, sc);
     if (history) {
       ctx->saved_data["history"] = *history;
       ctx->saved_data["scale"] = *scale;
@@ -193,6 +225,10 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
 };
 
 } // namespace
+
+int64_t fp8_linear_weight_cast_count() {
+  return weight_casts.load(std::memory_order_relaxed);
+}
 
 std::pair<at::Tensor, at::Tensor> quantize_tensorwise(
     const at::Tensor& x,

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "fp8_scope.h"
+#include "fp8_weight_cache.h"
 
 namespace lamp {
 namespace {
@@ -41,6 +42,11 @@ Fp8AutocastGuard::Fp8AutocastGuard(Fp8Recipe recipe, bool enabled)
 Fp8AutocastGuard::~Fp8AutocastGuard() {
   state().enabled = prev_enabled_;
   state().recipe = prev_recipe_;
+  if (!prev_enabled_) {
+    // FP8 is off on this thread again: its weights' copies go (Note [FP8
+    // weight cache]).
+    nn::detail::fp8_clear_weight_cache();
+  }
 }
 
 namespace nn::detail {

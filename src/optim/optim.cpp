@@ -2,6 +2,7 @@
 
 #include <lamp/config.h>
 
+#include "bump_versions.h"
 #include "multi_tensor.h"
 #include "unique_params.h"
 
@@ -192,6 +193,7 @@ void fused_adam_step(
           run(options.lr());
         }
       });
+      lamp::detail::bump_versions(bucket.params);
       if (inf) {
         // A skipped step does not count (Python does the same).
         // NOTE: the one-tensor overload reads a single list: 2 launches
@@ -452,6 +454,7 @@ void FusedSGD::step_scaled(
           run(options.lr());
         }
       });
+      lamp::detail::bump_versions(bucket.params);
     }
   }
 }

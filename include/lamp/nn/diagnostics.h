@@ -39,4 +39,9 @@ LAMP_API int64_t conv_bn_add_relu_fused_count();
 /// gradients `how`.
 LAMP_API int64_t conv_shortcut_gradient_count(ShortcutGradient how);
 
+/// Weights that `lamp::nn::linear`'s FP8 path (lamp/fp8.h) cast to FP8 in
+/// this process; a weight whose copy its scope made already is not cast
+/// again, and not counted.
+LAMP_API int64_t fp8_linear_weight_cast_count();
+
 } // namespace lamp::nn::detail

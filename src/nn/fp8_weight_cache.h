@@ -1,0 +1,39 @@
+#pragma once
+
+// Internal: the FP8 copies of weights made within an FP8 scope, so that a
+// scope casts each weight once (lamp/fp8.h: a scope around a step's
+// micro-batches casts each weight once a step). See Note [FP8 weight
+// cache] in fp8_weight_cache.cpp.
+
+#include <ATen/core/Tensor.h>
+
+#include "fp8_linear.h"
+
+namespace lamp::nn::detail {
+
+/// A weight's FP8 copies and, under delayed scaling, the amax its cast
+/// recorded (a 0-d fp32 tensor; undefined under current scaling).
+struct Fp8WeightCopy {
+  Fp8Cast cast;
+  at::Tensor amax;
+};
+
+/// The copy of `weight` made earlier in this thread's FP8 scope with
+/// `scale` (a delayed layer's `fp8_scale`; undefined under current
+/// scaling), when it still holds the weight's values; null otherwise.
+const Fp8WeightCopy* fp8_cached_weight(
+    const at::Tensor& weight,
+    const at::Tensor& scale);
+
+/// Keeps `copy` for later calls in this thread's FP8 scope. Weights that
+/// are not leaves (computed in the forward) are not kept: they are new
+/// tensors at each call.
+void fp8_cache_weight(
+    const at::Tensor& weight,
+    const at::Tensor& scale,
+    Fp8WeightCopy copy);
+
+/// Drops this thread's copies (the FP8 scope ended).
+void fp8_clear_weight_cache();
+
+} // namespace lamp::nn::detail
