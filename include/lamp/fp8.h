@@ -65,9 +65,11 @@ struct LAMP_API Fp8Recipe {
   /// kDelayed: the ranks whose amaxes each scale follows (Transformer
   /// Engine's `fp8_group` with `reduce_amax`): before a layer updates its
   /// scales, the newest amaxes are reduced to their maximum over this
-  /// group (lamp::dist::ProcessGroup::allreduce, kMax; one small
-  /// collective a layer a step), so every rank scales alike from every
-  /// rank's data. Pass the group of DistributedDataParallel. Every rank must
+  /// group (lamp::dist::ProcessGroup::allreduce, kMax; every layer's
+  /// in one small collective a forward pass, as Transformer Engine
+  /// batches them, once the layers have been met), so every rank scales
+  /// alike from every rank's data. Pass the group of
+  /// DistributedDataParallel. Every rank must
   /// then make the same forward calls in the scope (an evaluation or
   /// sampling on one rank only belongs outside it). Default null: each rank
   /// follows its own amaxes.

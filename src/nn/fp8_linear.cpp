@@ -1,5 +1,7 @@
 #include "fp8_linear.h"
 
+#include <lamp/nn/diagnostics.h>
+
 #include <lamp/config.h>
 #include <lamp/dist/process_group.h>
 #include <lamp/fp8.h>
@@ -14,6 +16,7 @@
 
 #include "fp8_cast_cuda.h"
 #endif
+#include "fp8_amax_reduction.h"
 #include "fp8_weight_cache.h"
 
 #include <atomic>
@@ -259,11 +262,9 @@ void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
   const auto& group = recipe.amax_group();
   if (group && group->world_size() > 1) {
     // Transformer Engine's amax reduction: the amaxes recorded since the
-    // last update (column 0), their max over the ranks. NOTE: a strided
-    // column, reduced through a dense copy.
-    auto newest = s.history.select(1, 0).contiguous();
-    group->allreduce(newest, dist::ReduceOp::kMax);
-    s.history.select(1, 0).copy_(newest);
+    // last update (column 0), their max over the ranks; with every other
+    // layer's in one all-reduce (Note [FP8 amax reduction]).
+    fp8_reduce_amaxes(s.history, *group);
   }
   const auto amax = recipe.amax_compute() == Fp8AmaxCompute::kMax
       ? s.history.amax(1)

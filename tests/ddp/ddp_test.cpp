@@ -539,8 +539,8 @@ LAMP_DDP_TEST(Collectives) {
 }
 
 // Transformer Engine's amax reduction (Fp8Recipe::amax_group): every rank
-// scales from the largest amax of all ranks; without the group, each from
-// its own.
+// scales from the largest amax of all ranks, every layer's in one
+// all-reduce; without the group, each from its own.
 LAMP_DDP_TEST(Fp8DelayedScalesFollowTheRanksLargestAmax) {
   ASSERT_EQ(t.launch("--scenario fp8-amax"), 0);
   float largest = 0;
@@ -550,6 +550,11 @@ LAMP_DDP_TEST(Fp8DelayedScalesFollowTheRanksLargestAmax) {
   for (int rank = 0; rank < t.ranks(); ++rank) {
     EXPECT_EQ(std::stof(t.value(rank, "reduced")), largest) << "rank " << rank;
     EXPECT_EQ(t.value(rank, "scales"), t.value(0, "scales")) << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "scales2"), t.value(0, "scales2"))
+        << "rank " << rank;
+    // Both layers' amaxes in one all-reduce a pass once known: the first
+    // pass meets them one by one (two), the second reduces both at once.
+    EXPECT_EQ(t.value(rank, "reductions"), "3") << "rank " << rank;
     EXPECT_EQ(t.value(rank, "done"), "");
   }
   // The input's scale: e4m3's largest value over the largest amax.

@@ -438,13 +438,14 @@ int run_mismatch(const Args& a) {
   return 0;
 }
 
-// Rank 1 leaves after three steps; rank 0 must fail, not hang.
 // Delayed FP8 scaling with Fp8Recipe::amax_group: each rank's input is
 // scaled by rank + 1, so the ranks' amaxes differ. After the second forward
 // call (whose update reduces the first step's amaxes) every rank holds the
 // first step's largest input amax and the same scales; a layer without the
 // group follows its own rank's amaxes. Prints "local A", "reduced A",
-// "scales S0 S1 S2" and "own_scale S0" (the layer without the group).
+// "scales S0 S1 S2", "scales2 ..." (a second layer with the group),
+// "own_scale S0" (the layer without the group) and "reductions N" (the
+// amax all-reduces made: one a pass once the layers are known).
 int run_fp8_amax(const Args& a) {
   auto pg = lamp::dist::init_process_group(pg_options(a));
   const auto rank = pg->rank();
@@ -455,10 +456,13 @@ int run_fp8_amax(const Args& a) {
       lamp::Fp8Recipe().scaling(lamp::Fp8Scaling::kDelayed).amax_history_len(4);
   const auto shared = lamp::Fp8Recipe(delayed).amax_group(pg);
   torch::manual_seed(3);
-  lamp::nn::Linear fc(32, 16), own(32, 16);
+  lamp::nn::Linear fc(32, 16), fc2(16, 16), own(32, 16);
   fc->to(device);
+  fc2->to(device);
   own->to(device);
   lamp::init_fp8_state(*fc, shared);
+  lamp::init_fp8_state(*fc2, shared);
+  const auto reductions = lamp::nn::detail::fp8_amax_reduction_count();
   lamp::init_fp8_state(*own, delayed);
   torch::manual_seed(10 + rank);
   float local = 0;
@@ -469,7 +473,7 @@ int run_fp8_amax(const Args& a) {
     }
     {
       lamp::Fp8AutocastGuard fp8(shared);
-      fc(x).square().sum().backward();
+      fc2(fc(x)).square().sum().backward();
     }
     lamp::Fp8AutocastGuard fp8(delayed);
     own(x).square().sum().backward();
@@ -481,7 +485,12 @@ int run_fp8_amax(const Args& a) {
   out << "reduced " << fc->fp8_amax_history[0][-1].item<float>() << "\n";
   out << "scales " << scale[0].item<float>() << " " << scale[1].item<float>()
       << " " << scale[2].item<float>() << "\n";
+  const auto scale2 = fc2->fp8_scale.cpu();
+  out << "scales2 " << scale2[0].item<float>() << " " << scale2[1].item<float>()
+      << " " << scale2[2].item<float>() << "\n";
   out << "own_scale " << own->fp8_scale[0].item<float>() << "\n";
+  out << "reductions "
+      << lamp::nn::detail::fp8_amax_reduction_count() - reductions << "\n";
   out << "done\n";
   return 0;
 }

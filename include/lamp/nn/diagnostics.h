@@ -44,4 +44,9 @@ LAMP_API int64_t conv_shortcut_gradient_count(ShortcutGradient how);
 /// again, and not counted.
 LAMP_API int64_t fp8_linear_weight_cast_count();
 
+/// All-reduces of delayed FP8 scaling's amaxes over an
+/// `Fp8Recipe::amax_group` in this process (one a forward pass for all of
+/// its layers, once they are known).
+LAMP_API int64_t fp8_amax_reduction_count();
+
 } // namespace lamp::nn::detail
