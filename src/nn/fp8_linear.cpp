@@ -30,11 +30,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// NOTE: the one-kernel casts (fp8_cast_cuda.h) are built and have their
-// tests (Fp8CastGpu.*, against the reference ops byte for byte), but were
-// written where no GPU could run them; they are used here once those tests
-// have passed on one. Until then CUDA takes the reference ops, as before.
-constexpr bool kFusedCasts = false;
+// The one-kernel casts (fp8_cast_cuda.h; Fp8CastGpu.* checks their bytes
+// against the reference ops'). NOTE: a switch, so that a suspected kernel
+// fault can be told from the rest by flipping it.
+constexpr bool kFusedCasts = true;
 
 // `x` (a matrix) in `fp8` with the copies asked for: with `delayed`'s row
 // `row` scale (its amax recorded in the history's column 0), else the
