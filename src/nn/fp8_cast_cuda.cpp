@@ -1,14 +1,17 @@
 #include "fp8_cast_cuda.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "fp8_cast_kernel.h"
+#include "fp8_scale_update_kernel.h"
 
 namespace lamp::nn::detail {
 namespace {
@@ -64,8 +67,10 @@ Fp8Cast cast_kernel(
   args.out_t =
       transposed ? static_cast<uint8_t*>(out.data_t.data_ptr()) : nullptr;
   args.amax = amax.defined() ? amax.data_ptr<float>() : nullptr;
+  // NOTE: 1 / scale written by the kernel (one launch less a cast).
+  out.inverse_scale = at::empty({}, scale.options());
+  args.inverse_scale = out.inverse_scale.data_ptr<float>();
   C10_CUDA_CHECK(launch_fp8_cast(args, c10::cuda::getCurrentCUDAStream()));
-  out.inverse_scale = scale.reciprocal();
   return out;
 }
 
@@ -131,6 +136,35 @@ Fp8Cast fp8_cast_tensorwise_cuda(
       /*saturate_inf=*/true,
       data,
       transposed);
+}
+
+bool fp8_update_cuda_applies(const Fp8DelayedState& s) {
+  const auto& h = s.history;
+  return h.is_cuda() && h.scalar_type() == at::kFloat && h.dim() == 2 &&
+      h.size(0) == 3 && h.size(1) >= 1 &&
+      h.size(1) <= kFp8UpdateMaxHistory && h.is_contiguous() &&
+      s.scale.device() == h.device() && s.scale.scalar_type() == at::kFloat &&
+      s.scale.numel() == 3 && s.scale.is_contiguous();
+}
+
+void fp8_update_delayed_cuda(
+    const Fp8DelayedState& s,
+    const Fp8Recipe& recipe) {
+  TORCH_CHECK(
+      fp8_update_cuda_applies(s),
+      "fp8_update_delayed_cuda: not a state it takes");
+  const c10::cuda::CUDAGuard guard(s.history.device());
+  Fp8ScaleUpdateArgs args;
+  args.history = s.history.data_ptr<float>();
+  args.scale = s.scale.data_ptr<float>();
+  args.len = static_cast<int>(s.history.size(1));
+  args.most_recent = recipe.amax_compute() == Fp8AmaxCompute::kMostRecent;
+  // NOTE: as ATen divides by a scalar on CUDA: times its reciprocal,
+  // computed in fp32 (2^margin past fp32's range: inf, so 0).
+  args.margin_scale =
+      1.0f / static_cast<float>(std::ldexp(1.0, recipe.margin()));
+  C10_CUDA_CHECK(
+      launch_fp8_scale_update(args, c10::cuda::getCurrentCUDAStream()));
 }
 
 } // namespace lamp::nn::detail

@@ -3,7 +3,8 @@
 // Internal: lamp::nn::linear's FP8 casts on CUDA, one kernel each
 // (fp8_cast_kernel.h): quantize_delayed's and quantize_tensorwise's results
 // (fp8_linear.h), bit for bit, with the row-major copy, the transposed copy
-// the backward's GEMMs take, or both, from one read of the operand.
+// the backward's GEMMs take, or both, from one read of the operand; and
+// delayed scaling's update in one kernel.
 
 #include <ATen/core/Tensor.h>
 
@@ -30,5 +31,14 @@ Fp8Cast fp8_cast_tensorwise_cuda(
     at::ScalarType fp8,
     bool data,
     bool transposed);
+
+/// Whether the update kernel (fp8_scale_update_kernel.h) takes `s`: CUDA,
+/// contiguous fp32 [3, len] and [3] on one device, len at most 1024.
+bool fp8_update_cuda_applies(const Fp8DelayedState& s);
+
+/// fp8_update_delayed_reference(s, recipe) in one kernel, bit for bit.
+void fp8_update_delayed_cuda(
+    const Fp8DelayedState& s,
+    const Fp8Recipe& recipe);
 
 } // namespace lamp::nn::detail

@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda_dtype.cuh"
 
@@ -88,6 +89,10 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const float scale = *a.scale;
+  if (a.inverse_scale != nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
+      tx == 0 && ty == 0) {
+    *a.inverse_scale = __frcp_rn(scale);
+  }
   const int64_t c = col0 + 2 * tx;
   unsigned m = 0;
 #pragma unroll
@@ -128,6 +133,150 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   }
 }
 
+// Eight neighbouring elements of x as floats (16-byte loads).
+template <typename T>
+struct Eight;
+template <>
+struct Eight<float> {
+  __device__ static void load(const float* p, float (&v)[8]) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+};
+template <typename H, typename H2, float2 (*ToFloat2)(H2)>
+struct EightHalves {
+  __device__ static void load(const H* p, float (&v)[8]) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const H2* h = reinterpret_cast<const H2*>(&raw);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = ToFloat2(h[q]);
+      v[2 * q] = f.x;
+      v[2 * q + 1] = f.y;
+    }
+  }
+};
+__device__ inline float2 half2_to_float2(__half2 h) {
+  return __half22float2(h);
+}
+__device__ inline float2 bfloat162_to_float2(__nv_bfloat162 h) {
+  return __bfloat1622float2(h);
+}
+template <>
+struct Eight<__half> : EightHalves<__half, __half2, half2_to_float2> {};
+template <>
+struct Eight<__nv_bfloat16>
+    : EightHalves<__nv_bfloat16, __nv_bfloat162, bfloat162_to_float2> {};
+
+// Eight values * scale in FP8, packed little-endian into two words; their
+// |x| folded into m. NOTE: when every scaled value is finite (the usual
+// case) only the clamp and the conversion run; otherwise to_fp8's special
+// cases, element by element.
+template <Fp8CastFormat F>
+__device__ inline uint2 convert_eight(
+    const float (&v)[8],
+    float scale,
+    bool saturate_inf,
+    unsigned& m) {
+  constexpr float kMax = F == Fp8CastFormat::kE4M3 ? 448.0f : 57344.0f;
+  float s[8];
+  unsigned worst = 0;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    m = max(m, abs_bits(v[q]));
+    s[q] = v[q] * scale;
+    worst = max(worst, abs_bits(s[q]));
+  }
+  uint32_t w[2] = {0, 0};
+  if (worst < 0x7f800000u) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float c = fminf(fmaxf(s[q], -kMax), kMax);
+      const uint32_t b = __nv_cvt_float_to_fp8(
+          c, __NV_SATFINITE, F == Fp8CastFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+      w[q / 4] |= b << (8 * (q % 4));
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      w[q / 4] |= static_cast<uint32_t>(to_fp8<F>(s[q], saturate_inf))
+          << (8 * (q % 4));
+    }
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+constexpr int kVecThreads = 256;
+// A tile row in shared memory: 64 bytes and one word of padding (17 words),
+// so that the transpose's column reads spread over the banks.
+constexpr int kVecRowWords = kTile / 4 + 1;
+
+// fp8_cast_kernel's tile eight elements at a time (rows and cols multiples
+// of 8, x 16-byte aligned): thread t reads columns 8 (t % 8) ... + 7 of
+// rows t / 8 and t / 8 + 32 (16- or 32-byte loads), writes their 8 bytes
+// row-major, and then 8 bytes of the transpose: 8 rows of one column.
+template <typename T, Fp8CastFormat F>
+__global__ void __launch_bounds__(kVecThreads)
+    fp8_cast_vec_kernel(Fp8CastArgs a) {
+  __shared__ uint32_t tile[kTile][kVecRowWords];
+  const T* x = static_cast<const T*>(a.x);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int t = threadIdx.x;
+  const float scale = *a.scale;
+  if (a.inverse_scale != nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
+      t == 0) {
+    *a.inverse_scale = __frcp_rn(scale);
+  }
+  const int group = t % 8;
+  const int64_t c = col0 + 8 * group;
+  unsigned m = 0;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int i = t / 8 + 32 * k;
+    const int64_t r = row0 + i;
+    if (r < a.rows && c < a.cols) {
+      float v[8];
+      Eight<T>::load(x + r * a.cols + c, v);
+      const uint2 b = convert_eight<F>(v, scale, a.saturate_inf, m);
+      if (a.out != nullptr) {
+        *reinterpret_cast<uint2*>(a.out + r * a.cols + c) = b;
+      }
+      tile[i][2 * group] = b.x;
+      tile[i][2 * group + 1] = b.y;
+    }
+  }
+  if (a.amax != nullptr) {
+    fold_amax(m, a.amax);
+  }
+  if (a.out_t == nullptr) {
+    return;
+  }
+  __syncthreads();
+  // The transpose: 64 columns x 8 runs of 8 rows; run `run` of column j is
+  // 8 bytes of the transpose's row col0 + j.
+  const auto* bytes = reinterpret_cast<const uint8_t*>(tile);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int idx = t + kVecThreads * k;
+    const int run = idx % 8, j = idx / 8;
+    const int64_t cj = col0 + j, r = row0 + 8 * run;
+    if (cj < a.cols && r < a.rows) {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        w[q / 4] |= static_cast<uint32_t>(
+                        bytes[(8 * run + q) * (4 * kVecRowWords) + j])
+            << (8 * (q % 4));
+      }
+      *reinterpret_cast<uint2*>(a.out_t + cj * a.rows + r) =
+          make_uint2(w[0], w[1]);
+    }
+  }
+}
+
 template <typename T>
 __global__ void fp8_amax_kernel(const T* x, int64_t n, float* amax) {
   unsigned m = 0;
@@ -147,6 +296,17 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((a.rows + kTile - 1) / kTile),
       static_cast<unsigned>((a.cols + kTile - 1) / kTile));
+  if (a.rows % 8 == 0 && a.cols % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(a.x) % 16 == 0) {
+    if (a.format == Fp8CastFormat::kE4M3) {
+      fp8_cast_vec_kernel<T, Fp8CastFormat::kE4M3>
+          <<<grid, kVecThreads, 0, stream>>>(a);
+    } else {
+      fp8_cast_vec_kernel<T, Fp8CastFormat::kE5M2>
+          <<<grid, kVecThreads, 0, stream>>>(a);
+    }
+    return cudaGetLastError();
+  }
   if (a.format == Fp8CastFormat::kE4M3) {
     fp8_cast_kernel<T, Fp8CastFormat::kE4M3><<<grid, block, 0, stream>>>(a);
   } else {

@@ -34,9 +34,13 @@ struct Fp8CastArgs {
   // max(|x|) folded in with atomicMax on the float's bits (NaN wins, then
   // inf), as x.abs().amax(): the caller zeroes it first. Or null.
   float* amax = nullptr;
+  // 1 / scale, rounded as ATen's reciprocal (one thread writes it). Or null.
+  float* inverse_scale = nullptr;
 };
 
-// Enqueues the cast on `stream`: tiles of 64 x 64 elements.
+// Enqueues the cast on `stream`: tiles of 64 x 64 elements, read and
+// written 8 at a time where rows and cols are multiples of 8 and x is
+// 16-byte aligned, else 2 at a time.
 cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 
 // max(|x|) of `n` elements of x (contiguous) into *amax, as above (zeroed

@@ -265,6 +265,18 @@ void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
     // layer's in one all-reduce (Note [FP8 amax reduction]).
     fp8_reduce_amaxes(s.history, *group);
   }
+#if LAMP_WITH_CUDA
+  if (kFusedCasts && fp8_update_cuda_applies(s)) {
+    fp8_update_delayed_cuda(s, recipe); // one kernel, the same bits
+    return;
+  }
+#endif
+  fp8_update_delayed_reference(s, recipe);
+}
+
+void fp8_update_delayed_reference(
+    const Fp8DelayedState& s,
+    const Fp8Recipe& recipe) {
   const auto amax = recipe.amax_compute() == Fp8AmaxCompute::kMax
       ? s.history.amax(1)
       : s.history.select(1, 0).clone();

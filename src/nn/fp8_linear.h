@@ -41,6 +41,12 @@ at::Tensor fp8_linear(
 /// (column 0 going to the end) and column 0 zeroed for this step's amaxes.
 void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe);
 
+/// fp8_update_delayed's update without the reduction over the ranks, in
+/// ATen ops (the reference its CUDA kernel is tested against).
+void fp8_update_delayed_reference(
+    const Fp8DelayedState& s,
+    const Fp8Recipe& recipe);
+
 /// The largest finite value of an FP8 format (Float8_e4m3fn: 448,
 /// Float8_e5m2: 57344).
 inline double fp8_max_of(at::ScalarType fp8) {

@@ -4,7 +4,8 @@
 // backward's GEMMs take, for fp32, fp16 and bf16 operands, both formats,
 // shapes that are not multiples of the kernel's tile, strided and
 // misaligned views, and the values that matter: saturation, inf, NaN, -0
-// and numbers that round to FP8's subnormals.
+// and numbers that round to FP8's subnormals. And delayed scaling's update
+// in one kernel against the reference ops.
 
 #include <lamp/config.h>
 
@@ -91,6 +92,7 @@ void for_each_case(Check check) {
            {std::tuple<int64_t, int64_t>{64, 64},
             {130, 258},
             {16, 1000},
+            {200, 136},
             {1024, 768}}) {
         for (const bool specials : {false, true}) {
           const auto x = operand(rows, cols, dtype, specials);
@@ -154,7 +156,12 @@ TEST(Fp8CastGpu, StridedAndMisalignedOperandsAreCastAsTheirValues) {
   // A transposed view, and a contiguous view that starts at an odd element.
   const auto strided = base.t();
   const auto misaligned = base.flatten().narrow(0, 1, 94 * 130).view({94, 130});
-  for (const auto& x : {strided, misaligned}) {
+  // Rows and columns multiples of 8 (the kernel's 8-wide path) in views
+  // that start 4 bytes (too little for its 16-byte loads) and 16 bytes in.
+  const auto wide = operand(64, 136, torch::kBFloat16, true).flatten();
+  const auto four_in = wide.narrow(0, 2, 56 * 136).view({56, 136});
+  const auto sixteen_in = wide.narrow(0, 8, 56 * 136).view({56, 136});
+  for (const auto& x : {strided, misaligned, four_in, sixteen_in}) {
     for (const auto fp8 : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
       const auto [data, inverse] =
           lamp::nn::detail::quantize_tensorwise(x, fp8);
@@ -182,6 +189,57 @@ TEST(Fp8CastGpu, OnlyTheCopiesAskedForAreWritten) {
       torch::zeros({3, 4}, x.options())));
   EXPECT_FALSE(lamp::nn::detail::fp8_cast_cuda_applies(
       torch::zeros({4, 4}, torch::kBFloat16)));
+}
+
+// Delayed scaling's update in one kernel: the reference ops' histories and
+// scales bit for bit, for both amax rules, margins, history lengths up to
+// the kernel's largest, and amaxes that are zero, inf or NaN.
+TEST(Fp8CastGpu, DelayedUpdateIsTheReferenceBitForBit) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  using lamp::nn::detail::Fp8DelayedState;
+  const torch::Device cuda(torch::kCUDA);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int64_t len : {1, 4, 33, 1024}) {
+    for (const auto rule :
+         {lamp::Fp8AmaxCompute::kMax, lamp::Fp8AmaxCompute::kMostRecent}) {
+      for (const int64_t margin : {0, 3, 200}) {
+        torch::manual_seed(len + margin);
+        auto history = torch::rand({3, len}) * 10;
+        history[0][0] = 0.0f; // input: nothing recorded (scale kept)
+        history[1][len - 1] = inf; // weight: an inf in the history
+        if (len > 2) {
+          history[2][1] = std::numeric_limits<float>::quiet_NaN();
+        }
+        const auto scale = torch::rand({3}) + 0.5;
+        const auto recipe = lamp::Fp8Recipe()
+                                .scaling(lamp::Fp8Scaling::kDelayed)
+                                .amax_history_len(len)
+                                .amax_compute(rule)
+                                .margin(margin);
+        const Fp8DelayedState reference{
+            history.to(cuda), scale.to(cuda)};
+        const Fp8DelayedState fused{history.to(cuda), scale.to(cuda)};
+        ASSERT_TRUE(lamp::nn::detail::fp8_update_cuda_applies(fused));
+        lamp::nn::detail::fp8_update_delayed_reference(reference, recipe);
+        lamp::nn::detail::fp8_update_delayed_cuda(fused, recipe);
+        const auto bits = [](const torch::Tensor& t) {
+          return t.cpu().view(torch::kInt32);
+        };
+        const auto what = "len " + std::to_string(len) + " margin " +
+            std::to_string(margin) +
+            (rule == lamp::Fp8AmaxCompute::kMax ? " max" : " most recent");
+        EXPECT_TRUE(torch::equal(bits(fused.history), bits(reference.history)))
+            << what;
+        EXPECT_TRUE(torch::equal(bits(fused.scale), bits(reference.scale)))
+            << what << "\nfused " << fused.scale.cpu() << "\nreference "
+            << reference.scale.cpu();
+      }
+    }
+  }
+  // A history past the kernel's length is left to the reference ops.
+  EXPECT_FALSE(lamp::nn::detail::fp8_update_cuda_applies(
+      {torch::zeros({3, 1025}, torch::dtype(torch::kFloat).device(cuda)),
+       torch::ones({3}, torch::dtype(torch::kFloat).device(cuda))}));
 }
 
 #else
