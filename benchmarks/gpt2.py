@@ -20,6 +20,14 @@ the three PyTorch variants in one go):
   python3 benchmarks/gpt2.py --model gpt2 --batch-size 16 --precision bf16
   python3 benchmarks/gpt2.py --model gpt2 --compile default --metrics out/c.jsonl
   python3 benchmarks/gpt2.py --model gpt2 --init lamp.pt  # lamp's weights
+  python3 benchmarks/gpt2.py --model gpt2-xl --batch-size 8 --precision fp8 --compile default
+
+--precision fp8 is gpt_amp's --precision fp8 in Python: bf16 autocast with
+the blocks' Linear layers in FP8 through torchao's float8 training
+(`convert_to_float8_training`, --fp8-recipe tensorwise as torchao's default,
+or rowwise); the LM head stays bf16, as lamp's does. It needs torchao
+importable (tools/gpu/deps.sh puts its wheel in .deps/; gpt2_bench.sh
+unpacks it) and is meant with --compile, as torchao is.
   python3 tools/make_tokens.py corpus/ --out-dir out/tok
   python3 benchmarks/gpt2.py --model tiny --device cpu --data out/tok/train.bin
 """
@@ -193,6 +201,21 @@ def make_schedule(optimizer, warmup_steps, total):
         S.CosineAnnealingLR(optimizer, T_max=max(total - w, 1))], milestones=[w])
 
 
+def to_float8(model, recipe):
+    """The blocks' Linear layers in FP8 (torchao's float8 training), in place;
+    the LM head, tied to the embedding, stays as it is (lamp's stays bf16)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        fail(f"--precision fp8 needs torchao ({e}); tools/gpu/deps.sh downloads its "
+             "wheel to .deps/, tools/gpu/gpt2_bench.sh puts it on PYTHONPATH")
+    convert_to_float8_training(
+        model, config=Float8LinearConfig.from_recipe_name(recipe),
+        module_filter_fn=lambda module, fqn: fqn.startswith("h."))
+    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    print(f"torchao float8 ({recipe}): {n} Linear layers in FP8", flush=True)
+
+
 def parse_args():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,7 +228,9 @@ def parse_args():
     a("--grad-accum", type=int, default=1, help="micro-batches per step")
     a("--steps", type=int, default=50, help="timed steps")
     a("--warmup", type=int, default=10, help="untimed steps before them")
-    a("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
+    a("--precision", default="bf16", choices=["bf16", "fp16", "fp32", "fp8"])
+    a("--fp8-recipe", default="tensorwise", choices=["tensorwise", "rowwise"],
+      help="--precision fp8: torchao's float8 recipe")
     a("--compile", default="none",
       choices=["none", "default", "max-autotune-no-cudagraphs"])
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -290,6 +315,8 @@ def main():
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                                   fused=cuda or None)
+    if args.precision == "fp8":
+        to_float8(model, args.fp8_recipe)
     amp = args.precision != "fp32"
     dtype = torch.float16 if args.precision == "fp16" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GPT-2 training step, lamp against PyTorch, on one GPU in one call:
-# lamp's examples/gpt_amp (bf16, the whole step in a CUDA graph), then its
+# lamp's examples/gpt_amp (bf16 or PRECISION, the whole step in a CUDA graph), then its
 # Python twin benchmarks/gpt2.py in eager mode and under torch.compile (modes
 # default and max-autotune-no-cudagraphs), each with the same model, batch,
 # sequence length and steps after 10 untimed warm-up steps (where
@@ -18,7 +18,10 @@
 # lamp-eager, pytorch-eager, pytorch-compile-default,
 # pytorch-compile-max-autotune-no-cudagraphs), TIMEOUT (seconds for each run;
 # 0, the default, is no limit), LAMP_ARGS and PY_ARGS (more flags for one
-# side, e.g. PY_ARGS="--checkpointing"). Compiling gpt2 with
+# side, e.g. PY_ARGS="--checkpointing"), PRECISION (bf16, or fp8: lamp's
+# FP8 GEMMs against torchao's float8 training, whose wheel tools/gpu/deps.sh
+# puts in .deps/wheels; add LAMP_ARGS="--fp8-scaling delayed" or
+# PY_ARGS="--fp8-recipe rowwise" for the other recipes). Compiling gpt2 with
 # max-autotune-no-cudagraphs takes minutes (it benchmarks GEMM kernels).
 # Writes to $OUT, for each run: <run>.log (its output), <run>.jsonl (its
 # metrics). A run that fails is reported and the others still run; the script
@@ -30,6 +33,7 @@ MODEL=${MODEL:-gpt2}
 BATCH=${BATCH:-16}
 SEQ=${SEQ:-1024}
 STEPS=${STEPS:-50}
+PRECISION=${PRECISION:-bf16}
 SKIP=" ${SKIP:-} "
 SKIP=${SKIP//,/ }
 TIMEOUT=${TIMEOUT:-0}
@@ -38,6 +42,17 @@ T0=$(date +%s)
 say() { echo "[gpt2_bench $(($(date +%s) - T0))s] $*"; }
 # The libraries of .deps/, when lamp was built against them.
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:$PWD/.deps/lib/x86_64-linux-gnu:$PWD/.deps/nvjpeg/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
+
+# torchao for the Python side of PRECISION=fp8: its wheel unpacked (a wheel
+# is a zip; the host has no network to install from).
+if [[ $PRECISION == fp8 ]]; then
+  for AO in .deps/wheels/torchao-*.whl; do
+    [[ -e $AO ]] || break
+    python3 -m zipfile -e "$AO" /tmp/lamp-torchao
+    export PYTHONPATH="/tmp/lamp-torchao${PYTHONPATH:+:$PYTHONPATH}"
+    break
+  done
+fi
 
 RUNS=(lamp lamp-eager pytorch-eager pytorch-compile-default pytorch-compile-max-autotune-no-cudagraphs)
 DATA_ARGS=()
@@ -66,11 +81,11 @@ LAMP=build-gpu/examples/gpt_amp
 if [[ -x $LAMP || $SKIP == *" lamp "* ]]; then
   # shellcheck disable=SC2086 # LAMP_ARGS and PY_ARGS are lists of flags
   run lamp "$LAMP" --model "$MODEL" --batch-size "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --cuda-graph --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
+    --precision "$PRECISION" --cuda-graph --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
     --metrics "$OUT/lamp.jsonl" ${TRACE:+--trace "$OUT/lamp_trace.json"} ${LAMP_ARGS:-}
   # shellcheck disable=SC2086
   run lamp-eager "$LAMP" --model "$MODEL" --batch-size "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
+    --precision "$PRECISION" --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" \
     --metrics "$OUT/lamp-eager.jsonl" ${LAMP_ARGS:-}
 else
   say "lamp: $LAMP is missing; build it first (cmake --build build-gpu --target gpt_amp)"
@@ -81,12 +96,12 @@ for mode in none default max-autotune-no-cudagraphs; do
   [[ $mode == none ]] && name=pytorch-eager
   # shellcheck disable=SC2086
   run "$name" python3 benchmarks/gpt2.py --model "$MODEL" --batch-size "$BATCH" \
-    --seq-len "$SEQ" --precision bf16 --compile "$mode" --device cuda \
+    --seq-len "$SEQ" --precision "$PRECISION" --compile "$mode" --device cuda \
     --steps "$STEPS" --warmup 10 "${DATA_ARGS[@]}" --metrics "$OUT/$name.jsonl" \
     ${TRACE:+--trace "$OUT/${name}_trace.json"} ${PY_ARGS:-}
 done
 
-say "summary: $MODEL, batch $BATCH, sequence $SEQ, bf16, median of $STEPS steps"
+say "summary: $MODEL, batch $BATCH, sequence $SEQ, $PRECISION, median of $STEPS steps"
 python3 - "$OUT" "${RUNS[@]}" << 'EOF'
 import json, os, sys
 
