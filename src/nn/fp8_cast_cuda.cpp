@@ -36,7 +36,8 @@ Fp8Cast cast_kernel(
     const at::Tensor& amax,
     bool saturate_inf,
     bool data,
-    bool transposed) {
+    bool transposed,
+    bool column_sums) {
   // NOTE: the kernel loads two elements at once: a view that starts at an
   // odd element is copied first.
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % (2 * x.element_size()) != 0) {
@@ -70,7 +71,23 @@ Fp8Cast cast_kernel(
   // NOTE: 1 / scale written by the kernel (one launch less a cast).
   out.inverse_scale = at::empty({}, scale.options());
   args.inverse_scale = out.inverse_scale.data_ptr<float>();
-  C10_CUDA_CHECK(launch_fp8_cast(args, c10::cuda::getCurrentCUDAStream()));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor partials;
+  if (column_sums && fp8_cast_takes_column_sums(args)) {
+    const int64_t tiles = (rows + 63) / 64;
+    partials = at::empty({tiles, cols}, x.options().dtype(at::kFloat));
+    args.column_partials = partials.data_ptr<float>();
+  }
+  C10_CUDA_CHECK(launch_fp8_cast(args, stream));
+  if (partials.defined()) {
+    out.column_sums = at::empty({cols}, partials.options());
+    C10_CUDA_CHECK(launch_fp8_column_fold(
+        partials.data_ptr<float>(),
+        partials.size(0),
+        cols,
+        out.column_sums.data_ptr<float>(),
+        stream));
+  }
   return out;
 }
 
@@ -89,7 +106,8 @@ Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& scale,
     const at::Tensor& amax,
     bool data,
-    bool transposed) {
+    bool transposed,
+    bool column_sums) {
   TORCH_CHECK(
       fp8_cast_cuda_applies(x) && scale.scalar_type() == at::kFloat &&
           amax.scalar_type() == at::kFloat && scale.numel() == 1 &&
@@ -106,14 +124,16 @@ Fp8Cast fp8_cast_delayed_cuda(
       amax,
       /*saturate_inf=*/false,
       data,
-      transposed);
+      transposed,
+      column_sums);
 }
 
 Fp8Cast fp8_cast_tensorwise_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
     bool data,
-    bool transposed) {
+    bool transposed,
+    bool column_sums) {
   TORCH_CHECK(
       fp8_cast_cuda_applies(x),
       "fp8_cast_tensorwise_cuda: not a case it takes");
@@ -135,16 +155,17 @@ Fp8Cast fp8_cast_tensorwise_cuda(
       at::Tensor(),
       /*saturate_inf=*/true,
       data,
-      transposed);
+      transposed,
+      column_sums);
 }
 
 bool fp8_update_cuda_applies(const Fp8DelayedState& s) {
   const auto& h = s.history;
   return h.is_cuda() && h.scalar_type() == at::kFloat && h.dim() == 2 &&
-      h.size(0) == 3 && h.size(1) >= 1 &&
-      h.size(1) <= kFp8UpdateMaxHistory && h.is_contiguous() &&
-      s.scale.device() == h.device() && s.scale.scalar_type() == at::kFloat &&
-      s.scale.numel() == 3 && s.scale.is_contiguous();
+      h.size(0) == 3 && h.size(1) >= 1 && h.size(1) <= kFp8UpdateMaxHistory &&
+      h.is_contiguous() && s.scale.device() == h.device() &&
+      s.scale.scalar_type() == at::kFloat && s.scale.numel() == 3 &&
+      s.scale.is_contiguous();
 }
 
 void fp8_update_delayed_cuda(

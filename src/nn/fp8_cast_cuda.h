@@ -16,29 +16,31 @@ namespace lamp::nn::detail {
 /// even number of rows and columns (contiguous or not: it is made so).
 bool fp8_cast_cuda_applies(const at::Tensor& x);
 
-/// quantize_delayed(x, fp8, scale, amax), its data as asked.
+/// quantize_delayed(x, fp8, scale, amax), its data as asked; with
+/// `column_sums`, also x's column sums in fp32 (Fp8Cast::column_sums) where
+/// the kernel's 8-wide path takes x (rows and columns multiples of 8).
 Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
     const at::Tensor& scale,
     const at::Tensor& amax,
     bool data,
-    bool transposed);
+    bool transposed,
+    bool column_sums = false);
 
-/// quantize_tensorwise(x, fp8), its data as asked.
+/// quantize_tensorwise(x, fp8), its data as asked; `column_sums` as above.
 Fp8Cast fp8_cast_tensorwise_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
     bool data,
-    bool transposed);
+    bool transposed,
+    bool column_sums = false);
 
 /// Whether the update kernel (fp8_scale_update_kernel.h) takes `s`: CUDA,
 /// contiguous fp32 [3, len] and [3] on one device, len at most 1024.
 bool fp8_update_cuda_applies(const Fp8DelayedState& s);
 
 /// fp8_update_delayed_reference(s, recipe) in one kernel, bit for bit.
-void fp8_update_delayed_cuda(
-    const Fp8DelayedState& s,
-    const Fp8Recipe& recipe);
+void fp8_update_delayed_cuda(const Fp8DelayedState& s, const Fp8Recipe& recipe);
 
 } // namespace lamp::nn::detail

@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(kVecThreads)
   const int group = t % 8;
   const int64_t c = col0 + 8 * group;
   unsigned m = 0;
+  float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0}; // of this thread's two rows
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int i = t / 8 + 32 * k;
@@ -240,6 +241,10 @@ __global__ void __launch_bounds__(kVecThreads)
     if (r < a.rows && c < a.cols) {
       float v[8];
       Eight<T>::load(x + r * a.cols + c, v);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        sums[q] += v[q];
+      }
       const uint2 b = convert_eight<F>(v, scale, a.saturate_inf, m);
       if (a.out != nullptr) {
         *reinterpret_cast<uint2*>(a.out + r * a.cols + c) = b;
@@ -250,6 +255,24 @@ __global__ void __launch_bounds__(kVecThreads)
   }
   if (a.amax != nullptr) {
     fold_amax(m, a.amax);
+  }
+  if (a.column_partials != nullptr) {
+    // The tile's column sums: the 32 row groups' partial sums added in
+    // order by one thread a column (the same bits every run).
+    __shared__ float group_sums[32][kTile];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      group_sums[t / 8][8 * group + q] = sums[q];
+    }
+    __syncthreads();
+    if (t < kTile && col0 + t < a.cols) {
+      float total = 0;
+      for (int g = 0; g < 32; ++g) {
+        total += group_sums[g][t];
+      }
+      a.column_partials[static_cast<int64_t>(blockIdx.x) * a.cols + col0 + t] =
+          total;
+    }
   }
   if (a.out_t == nullptr) {
     return;
@@ -267,8 +290,8 @@ __global__ void __launch_bounds__(kVecThreads)
       uint32_t w[2] = {0, 0};
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        w[q / 4] |= static_cast<uint32_t>(
-                        bytes[(8 * run + q) * (4 * kVecRowWords) + j])
+        w[q / 4] |=
+            static_cast<uint32_t>(bytes[(8 * run + q) * (4 * kVecRowWords) + j])
             << (8 * (q % 4));
       }
       *reinterpret_cast<uint2*>(a.out_t + cj * a.rows + r) =
@@ -296,8 +319,7 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((a.rows + kTile - 1) / kTile),
       static_cast<unsigned>((a.cols + kTile - 1) / kTile));
-  if (a.rows % 8 == 0 && a.cols % 8 == 0 &&
-      reinterpret_cast<uintptr_t>(a.x) % 16 == 0) {
+  if (fp8_cast_takes_column_sums(a)) { // the 8-wide path
     if (a.format == Fp8CastFormat::kE4M3) {
       fp8_cast_vec_kernel<T, Fp8CastFormat::kE4M3>
           <<<grid, kVecThreads, 0, stream>>>(a);
@@ -315,7 +337,44 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+__global__ void fp8_column_fold_kernel(
+    const float* partials,
+    int64_t tiles,
+    int64_t cols,
+    float* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) {
+    return;
+  }
+  float total = 0;
+  for (int64_t i = 0; i < tiles; ++i) {
+    total += partials[i * cols + c];
+  }
+  out[c] = total;
+}
+
 } // namespace
+
+bool fp8_cast_takes_column_sums(const Fp8CastArgs& args) {
+  return args.rows % 8 == 0 && args.cols % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(args.x) % 16 == 0;
+}
+
+cudaError_t launch_fp8_column_fold(
+    const float* partials,
+    int64_t tiles,
+    int64_t cols,
+    float* out,
+    cudaStream_t stream) {
+  if (cols <= 0) {
+    return cudaSuccess;
+  }
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
+  fp8_column_fold_kernel<<<blocks, kThreads, 0, stream>>>(
+      partials, tiles, cols, out);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.cols <= 0) {
@@ -323,6 +382,9 @@ cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
   }
   if (args.rows % 2 != 0 || args.cols % 2 != 0 ||
       (args.cols + kTile - 1) / kTile > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.column_partials != nullptr && !fp8_cast_takes_column_sums(args)) {
     return cudaErrorInvalidValue;
   }
   switch (args.input_type) {

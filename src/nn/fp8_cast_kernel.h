@@ -36,7 +36,25 @@ struct Fp8CastArgs {
   float* amax = nullptr;
   // 1 / scale, rounded as ATen's reciprocal (one thread writes it). Or null.
   float* inverse_scale = nullptr;
+  // [row tiles (rows / 64 rounded up), cols] fp32: each 64-row tile's column
+  // sums of x (unscaled), for a bias gradient; launch_fp8_column_fold adds
+  // them up. Only the 8-wide path writes them (fp8_cast_takes_column_sums).
+  // Or null.
+  float* column_partials = nullptr;
 };
+
+// Whether launch_fp8_cast writes column_partials for these arguments (its
+// 8-wide path: rows and cols multiples of 8, x 16-byte aligned).
+bool fp8_cast_takes_column_sums(const Fp8CastArgs& args);
+
+// out[c] = the sum over tiles of partials[tile][c], tiles in order (the same
+// bits every run), fp32.
+cudaError_t launch_fp8_column_fold(
+    const float* partials,
+    int64_t tiles,
+    int64_t cols,
+    float* out,
+    cudaStream_t stream);
 
 // Enqueues the cast on `stream`: tiles of 64 x 64 elements, read and
 // written 8 at a time where rows and cols are multiples of 8 and x is

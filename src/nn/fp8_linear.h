@@ -61,6 +61,9 @@ inline constexpr double kFp8AmaxEps = 1e-12;
 /// 1 / scale (what dequantises).
 struct Fp8Cast {
   at::Tensor data, data_t, inverse_scale;
+  /// The operand's column sums in fp32 (a bias gradient), where the cast
+  /// was asked for them and summed them in the same read; else undefined.
+  at::Tensor column_sums;
 };
 
 /// `x` in `fp8` with a given scale (a 0-d fp32 tensor): data = x * scale,

@@ -191,6 +191,55 @@ TEST(Fp8CastGpu, OnlyTheCopiesAskedForAreWritten) {
       torch::zeros({4, 4}, torch::kBFloat16)));
 }
 
+// The output gradient's cast also sums its columns (the bias gradient) in
+// the read it makes: fp32 sums as ATen's, in a fixed order (the same bits
+// every run), the FP8 bytes unchanged; shapes its 8-wide path does not take
+// leave them to the caller.
+TEST(Fp8CastGpu, ColumnSumsAreTheBiasGradient) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  for (const auto [rows, cols] :
+       {std::tuple<int64_t, int64_t>{64, 64},
+        {200, 136},
+        {16, 1000},
+        {8192, 768}}) {
+    for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
+      const auto x = operand(rows, cols, dtype, false);
+      const auto what = std::to_string(rows) + "x" + std::to_string(cols);
+      const auto plain = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+          x, torch::kFloat8_e5m2, true, true);
+      const auto summed = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+          x, torch::kFloat8_e5m2, true, true, /*column_sums=*/true);
+      const auto again = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+          x, torch::kFloat8_e5m2, true, true, /*column_sums=*/true);
+      ASSERT_TRUE(summed.column_sums.defined()) << what;
+      EXPECT_FALSE(plain.column_sums.defined()) << what;
+      EXPECT_EQ(summed.column_sums.scalar_type(), torch::kFloat) << what;
+      EXPECT_TRUE(torch::equal(summed.column_sums, again.column_sums)) << what;
+      EXPECT_TRUE(torch::equal(bytes(summed.data), bytes(plain.data))) << what;
+      EXPECT_TRUE(torch::equal(bytes(summed.data_t), bytes(plain.data_t)))
+          << what;
+      const auto exact = x.to(torch::kDouble).sum(0);
+      const auto aten = x.sum(0, false, torch::kFloat);
+      // NOTE: both fp32 sums of up to 8,192 terms, in other orders: each
+      // within a few fp32 roundings of the exact sum, scaled by the terms'
+      // size (sums of signed terms can cancel).
+      const auto size = x.to(torch::kDouble).abs().sum(0);
+      const double ours =
+          ((summed.column_sums.to(torch::kDouble) - exact).abs() / size)
+              .max()
+              .item<double>();
+      const double atens =
+          ((aten.to(torch::kDouble) - exact).abs() / size).max().item<double>();
+      EXPECT_LT(ours, 1e-5) << what << " (ATen's: " << atens << ")";
+    }
+  }
+  // A view its 8-wide path does not take: no sums, the caller sums.
+  const auto odd = operand(130, 258, torch::kBFloat16, false);
+  EXPECT_FALSE(lamp::nn::detail::fp8_cast_tensorwise_cuda(
+                   odd, torch::kFloat8_e5m2, true, true, true)
+                   .column_sums.defined());
+}
+
 // Delayed scaling's update in one kernel: the reference ops' histories and
 // scales bit for bit, for both amax rules, margins, history lengths up to
 // the kernel's largest, and amaxes that are zero, inf or NaN.
@@ -216,8 +265,7 @@ TEST(Fp8CastGpu, DelayedUpdateIsTheReferenceBitForBit) {
                                 .amax_history_len(len)
                                 .amax_compute(rule)
                                 .margin(margin);
-        const Fp8DelayedState reference{
-            history.to(cuda), scale.to(cuda)};
+        const Fp8DelayedState reference{history.to(cuda), scale.to(cuda)};
         const Fp8DelayedState fused{history.to(cuda), scale.to(cuda)};
         ASSERT_TRUE(lamp::nn::detail::fp8_update_cuda_applies(fused));
         lamp::nn::detail::fp8_update_delayed_reference(reference, recipe);
