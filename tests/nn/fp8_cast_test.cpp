@@ -88,7 +88,7 @@ template <typename Check>
 void for_each_case(Check check) {
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
     for (const auto fp8 : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
-      for (const auto [rows, cols] :
+      for (const auto& [rows, cols] :
            {std::tuple<int64_t, int64_t>{64, 64},
             {130, 258},
             {16, 1000},
@@ -197,7 +197,7 @@ TEST(Fp8CastGpu, OnlyTheCopiesAskedForAreWritten) {
 // leave them to the caller.
 TEST(Fp8CastGpu, ColumnSumsAreTheBiasGradient) {
   LAMP_SKIP_WITHOUT_CUDA();
-  for (const auto [rows, cols] :
+  for (const auto& [rows, cols] :
        {std::tuple<int64_t, int64_t>{64, 64},
         {200, 136},
         {16, 1000},
