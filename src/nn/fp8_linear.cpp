@@ -1,10 +1,9 @@
 #include "fp8_linear.h"
 
-#include <lamp/nn/diagnostics.h>
-
 #include <lamp/config.h>
 #include <lamp/dist/process_group.h>
 #include <lamp/fp8.h>
+#include <lamp/nn/diagnostics.h>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_scaled_mm.h>
