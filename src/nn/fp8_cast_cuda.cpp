@@ -73,7 +73,7 @@ Fp8Cast cast_kernel(
   args.inverse_scale = out.inverse_scale.data_ptr<float>();
   const auto stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor partials;
-  if (column_sums && fp8_cast_takes_column_sums(args)) {
+  if (column_sums && fp8_cast_is_eight_wide(args)) {
     const int64_t tiles = (rows + 63) / 64;
     partials = at::empty({tiles, cols}, x.options().dtype(at::kFloat));
     args.column_partials = partials.data_ptr<float>();

@@ -319,7 +319,7 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((a.rows + kTile - 1) / kTile),
       static_cast<unsigned>((a.cols + kTile - 1) / kTile));
-  if (fp8_cast_takes_column_sums(a)) { // the 8-wide path
+  if (fp8_cast_is_eight_wide(a)) {
     if (a.format == Fp8CastFormat::kE4M3) {
       fp8_cast_vec_kernel<T, Fp8CastFormat::kE4M3>
           <<<grid, kVecThreads, 0, stream>>>(a);
@@ -355,7 +355,7 @@ __global__ void fp8_column_fold_kernel(
 
 } // namespace
 
-bool fp8_cast_takes_column_sums(const Fp8CastArgs& args) {
+bool fp8_cast_is_eight_wide(const Fp8CastArgs& args) {
   return args.rows % 8 == 0 && args.cols % 8 == 0 &&
       reinterpret_cast<uintptr_t>(args.x) % 16 == 0;
 }
@@ -384,7 +384,7 @@ cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
       (args.cols + kTile - 1) / kTile > 65535) {
     return cudaErrorInvalidValue;
   }
-  if (args.column_partials != nullptr && !fp8_cast_takes_column_sums(args)) {
+  if (args.column_partials != nullptr && !fp8_cast_is_eight_wide(args)) {
     return cudaErrorInvalidValue;
   }
   switch (args.input_type) {

@@ -38,14 +38,15 @@ struct Fp8CastArgs {
   float* inverse_scale = nullptr;
   // [row tiles (rows / 64 rounded up), cols] fp32: each 64-row tile's column
   // sums of x (unscaled), for a bias gradient; launch_fp8_column_fold adds
-  // them up. Only the 8-wide path writes them (fp8_cast_takes_column_sums).
+  // them up. Only the 8-wide path writes them (fp8_cast_is_eight_wide).
   // Or null.
   float* column_partials = nullptr;
 };
 
-// Whether launch_fp8_cast writes column_partials for these arguments (its
-// 8-wide path: rows and cols multiples of 8, x 16-byte aligned).
-bool fp8_cast_takes_column_sums(const Fp8CastArgs& args);
+// Whether launch_fp8_cast takes its 8-wide path for these arguments (rows
+// and cols multiples of 8, x 16-byte aligned): the one that can write
+// column_partials.
+bool fp8_cast_is_eight_wide(const Fp8CastArgs& args);
 
 // out[c] = the sum over tiles of partials[tile][c], tiles in order (the same
 // bits every run), fp32.
