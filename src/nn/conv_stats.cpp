@@ -10,11 +10,7 @@
 #include <utility>
 
 #if LAMP_WITH_CUDA
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "channel_sums_kernel.h"
+#include "channel_sums_cuda.h"
 #endif
 
 namespace lamp::nn::detail {
@@ -137,31 +133,11 @@ ConvStats composite(
 std::optional<std::pair<at::Tensor, at::Tensor>> channel_sums(
     const at::Tensor& x) {
 #if LAMP_WITH_CUDA
-  const auto dtype = x.scalar_type();
-  if (!x.is_cuda() || x.dim() != 4 ||
-      (dtype != at::kHalf && dtype != at::kBFloat16) ||
-      !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(1) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {
+  if (x.dim() != 4 || !x.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+      !channel_sums_cuda_applies(x, x.size(1))) {
     return std::nullopt;
   }
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const int64_t channels = x.size(1);
-  const int64_t rows = channels > 0 ? x.numel() / channels : 0;
-  const auto f32 = x.options().dtype(at::kFloat);
-  auto partials = at::empty({channel_sums_partial_floats(rows, channels)}, f32);
-  auto sum = at::empty({channels}, f32);
-  auto sum_of_squares = at::empty({channels}, f32);
-  ChannelSumsArgs a;
-  a.dtype = dtype == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
-  a.rows = rows;
-  a.channels = channels;
-  a.x = x.data_ptr();
-  a.partials = partials.data_ptr<float>();
-  a.sum = sum.data_ptr<float>();
-  a.sum_of_squares = sum_of_squares.data_ptr<float>();
-  C10_CUDA_CHECK(launch_channel_sums(
-      a, c10::cuda::getCurrentCUDAStream(x.device().index())));
-  return std::make_pair(std::move(sum), std::move(sum_of_squares));
+  return channel_sums_cuda(x, x.size(1), /*squares=*/true);
 #else
   (void)x;
   return std::nullopt;

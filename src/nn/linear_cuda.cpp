@@ -1,6 +1,6 @@
 #include "linear_cuda.h"
 
-#include "channel_sums_kernel.h"
+#include "channel_sums_cuda.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -69,29 +69,13 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 } // namespace
 
 at::Tensor bias_grad(const at::Tensor& grad2d) {
-  const auto dtype = grad2d.scalar_type();
   const int64_t columns = grad2d.size(1);
-  if (at::GradMode::is_enabled() ||
-      (dtype != at::kHalf && dtype != at::kBFloat16) ||
-      !grad2d.is_contiguous() || columns % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(grad2d.const_data_ptr()) % 16 != 0) {
+  if (at::GradMode::is_enabled() || !grad2d.is_contiguous() ||
+      !channel_sums_cuda_applies(grad2d, columns)) {
     return grad2d.sum(0);
   }
-  const c10::cuda::CUDAGuard guard(grad2d.device());
-  const int64_t rows = grad2d.size(0);
-  const auto f32 = grad2d.options().dtype(at::kFloat);
-  auto partials = at::empty({channel_sums_partial_floats(rows, columns)}, f32);
-  auto sum = at::empty({columns}, f32);
-  ChannelSumsArgs a;
-  a.dtype = dtype == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
-  a.rows = rows;
-  a.channels = columns;
-  a.x = grad2d.const_data_ptr();
-  a.partials = partials.mutable_data_ptr<float>();
-  a.sum = sum.mutable_data_ptr<float>();
-  C10_CUDA_CHECK(launch_channel_sums(
-      a, c10::cuda::getCurrentCUDAStream(grad2d.device().index())));
-  return sum.to(dtype);
+  return channel_sums_cuda(grad2d, columns, /*squares=*/false)
+      .first.to(grad2d.scalar_type());
 }
 
 bool linear_cuda_applies(
