@@ -64,13 +64,29 @@ __device__ inline uint8_t to_fp8(float s, bool saturate_inf) {
       s, __NV_SATFINITE, F == Fp8CastFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
-// The block's amax into *amax: a warp max, then one atomic per warp.
+// The block's amax into *amax: a warp max, the warps' maxima through shared
+// memory, then one atomic a block. NOTE: every thread of the block calls it
+// (it synchronises). One atomic a warp made the casts' amax cost as much as
+// the rest of the kernel: atomics on one address are serialised.
+template <int kWarps>
 __device__ inline void fold_amax(unsigned m, float* amax) {
+  __shared__ unsigned warp_max[kWarps];
   for (int offset = 16; offset > 0; offset /= 2) {
     m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
   }
-  if ((threadIdx.x & 31) == 0 && m != 0) {
-    atomicMax(reinterpret_cast<unsigned*>(amax), m);
+  const int t = threadIdx.x + threadIdx.y * blockDim.x;
+  if (t % 32 == 0) {
+    warp_max[t / 32] = m;
+  }
+  __syncthreads();
+  if (t == 0) {
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      m = max(m, warp_max[w]);
+    }
+    if (m != 0) {
+      atomicMax(reinterpret_cast<unsigned*>(amax), m);
+    }
   }
 }
 
@@ -113,7 +129,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     }
   }
   if (a.amax != nullptr) {
-    fold_amax(m, a.amax);
+    fold_amax<kThreadsX * kThreadsY / 32>(m, a.amax);
   }
   if (a.out_t == nullptr) {
     return;
@@ -234,18 +250,26 @@ __global__ void __launch_bounds__(kVecThreads)
   const int64_t c = col0 + 8 * group;
   unsigned m = 0;
   float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0}; // of this thread's two rows
+  // NOTE: both rows' loads first, then the arithmetic: two loads in flight
+  // a thread.
+  float v[2][8];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int64_t r = row0 + t / 8 + 32 * k;
+    if (r < a.rows && c < a.cols) {
+      Eight<T>::load(x + r * a.cols + c, v[k]);
+    }
+  }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int i = t / 8 + 32 * k;
     const int64_t r = row0 + i;
     if (r < a.rows && c < a.cols) {
-      float v[8];
-      Eight<T>::load(x + r * a.cols + c, v);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        sums[q] += v[q];
+        sums[q] += v[k][q];
       }
-      const uint2 b = convert_eight<F>(v, scale, a.saturate_inf, m);
+      const uint2 b = convert_eight<F>(v[k], scale, a.saturate_inf, m);
       if (a.out != nullptr) {
         *reinterpret_cast<uint2*>(a.out + r * a.cols + c) = b;
       }
@@ -254,7 +278,7 @@ __global__ void __launch_bounds__(kVecThreads)
     }
   }
   if (a.amax != nullptr) {
-    fold_amax(m, a.amax);
+    fold_amax<kVecThreads / 32>(m, a.amax);
   }
   if (a.column_partials != nullptr) {
     // The tile's column sums: the 32 row groups' partial sums added in
@@ -300,8 +324,11 @@ __global__ void __launch_bounds__(kVecThreads)
   }
 }
 
+constexpr int kAmaxThreads = 256;
+
 template <typename T>
-__global__ void fp8_amax_kernel(const T* x, int64_t n, float* amax) {
+__global__ void __launch_bounds__(kAmaxThreads)
+    fp8_amax_kernel(const T* x, int64_t n, float* amax) {
   unsigned m = 0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -309,7 +336,7 @@ __global__ void fp8_amax_kernel(const T* x, int64_t n, float* amax) {
        i += stride) {
     m = max(m, abs_bits(to_float(x[i])));
   }
-  fold_amax(m, amax);
+  fold_amax<kAmaxThreads / 32>(m, amax);
 }
 
 template <typename T>
@@ -407,7 +434,7 @@ cudaError_t launch_fp8_amax(
   if (n <= 0) {
     return cudaSuccess;
   }
-  constexpr int kThreads = 256;
+  constexpr int kThreads = kAmaxThreads;
   // Enough blocks to fill the GPU; each thread then strides.
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1024);
   const auto grid = static_cast<unsigned>(blocks);

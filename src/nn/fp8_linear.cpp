@@ -34,10 +34,9 @@ using torch::autograd::variable_list;
 // fault can be told from the rest by flipping it.
 constexpr bool kFusedCasts = true;
 // The bias gradient summed by the output gradient's cast, in the read it
-// makes anyway (Fp8Cast::column_sums). NOTE: off until its test
-// (Fp8CastGpu.ColumnSumsAreTheBiasGradient) has run on a GPU; until then
-// ATen's column sum.
-constexpr bool kFusedBiasGrad = false;
+// makes anyway (Fp8Cast::column_sums; Fp8CastGpu.ColumnSumsAreTheBiasGradient
+// checks it), else ATen's column sum.
+constexpr bool kFusedBiasGrad = true;
 
 // `x` (a matrix) in `fp8` with the copies asked for: with `delayed`'s row
 // `row` scale (its amax recorded in the history's column 0), else the
