@@ -27,8 +27,8 @@ Fp8CastInput cast_input_type(at::ScalarType t) {
   }
 }
 
-// x (contiguous) * scale in `fp8` into the copies asked for; amax(|x|) into
-// `amax` when defined (zeroed here).
+// op(x) (x and aux contiguous) * scale in `fp8` into the copies asked for;
+// amax(|op(x)|) into `amax` when defined (zeroed here).
 Fp8Cast cast_kernel(
     at::Tensor x,
     at::ScalarType fp8,
@@ -37,7 +37,9 @@ Fp8Cast cast_kernel(
     bool saturate_inf,
     bool data,
     bool transposed,
-    bool column_sums) {
+    bool column_sums,
+    Fp8CastOp op,
+    const at::Tensor& aux) {
   // NOTE: the kernel loads two elements at once: a view that starts at an
   // odd element is copied first.
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % (2 * x.element_size()) != 0) {
@@ -71,6 +73,15 @@ Fp8Cast cast_kernel(
   // NOTE: 1 / scale written by the kernel (one launch less a cast).
   out.inverse_scale = at::empty({}, scale.options());
   args.inverse_scale = out.inverse_scale.data_ptr<float>();
+  args.op = op;
+  args.aux = aux.defined() ? aux.data_ptr() : nullptr;
+  if (op != Fp8CastOp::kNone && !fp8_cast_is_eight_wide(args)) {
+    // The 2-wide path has no ops: ATen's first (the same values).
+    x = fp8_reference_op(x, op, aux);
+    args.x = x.data_ptr();
+    args.op = Fp8CastOp::kNone;
+    args.aux = nullptr;
+  }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor partials;
   if (column_sums && fp8_cast_is_eight_wide(args)) {
@@ -91,6 +102,20 @@ Fp8Cast cast_kernel(
   return out;
 }
 
+// Whether `aux` is what `op` takes: for kGeluBackward x's shape, dtype and
+// device, else undefined.
+bool aux_fits(const at::Tensor& x, Fp8CastOp op, const at::Tensor& aux) {
+  if (op != Fp8CastOp::kGeluBackward) {
+    return !aux.defined();
+  }
+  return aux.defined() && aux.sizes() == x.sizes() &&
+      aux.scalar_type() == x.scalar_type() && aux.device() == x.device();
+}
+
+at::Tensor contiguous_or_none(const at::Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
+
 } // namespace
 
 bool fp8_cast_cuda_applies(const at::Tensor& x) {
@@ -107,9 +132,12 @@ Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& amax,
     bool data,
     bool transposed,
-    bool column_sums) {
+    bool column_sums,
+    Fp8CastOp op,
+    const at::Tensor& aux) {
   TORCH_CHECK(
-      fp8_cast_cuda_applies(x) && scale.scalar_type() == at::kFloat &&
+      fp8_cast_cuda_applies(x) && aux_fits(x, op, aux) &&
+          scale.scalar_type() == at::kFloat &&
           amax.scalar_type() == at::kFloat && scale.numel() == 1 &&
           amax.numel() == 1 && scale.device() == x.device() &&
           amax.device() == x.device(),
@@ -125,7 +153,9 @@ Fp8Cast fp8_cast_delayed_cuda(
       /*saturate_inf=*/false,
       data,
       transposed,
-      column_sums);
+      column_sums,
+      op,
+      contiguous_or_none(aux));
 }
 
 Fp8Cast fp8_cast_tensorwise_cuda(
@@ -133,19 +163,24 @@ Fp8Cast fp8_cast_tensorwise_cuda(
     at::ScalarType fp8,
     bool data,
     bool transposed,
-    bool column_sums) {
+    bool column_sums,
+    Fp8CastOp op,
+    const at::Tensor& aux) {
   TORCH_CHECK(
-      fp8_cast_cuda_applies(x),
+      fp8_cast_cuda_applies(x) && aux_fits(x, op, aux),
       "fp8_cast_tensorwise_cuda: not a case it takes");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto xc = x.contiguous();
+  const auto auxc = contiguous_or_none(aux);
   auto amax = at::zeros({}, x.options().dtype(at::kFloat));
   C10_CUDA_CHECK(launch_fp8_amax(
       cast_input_type(xc.scalar_type()),
       xc.data_ptr(),
       xc.numel(),
       amax.data_ptr<float>(),
-      c10::cuda::getCurrentCUDAStream()));
+      c10::cuda::getCurrentCUDAStream(),
+      op,
+      auxc.defined() ? auxc.data_ptr() : nullptr));
   // quantize_tensorwise's scale, with its ops (so its bits).
   const auto scale = fp8_max_of(fp8) / amax.clamp_min(kFp8AmaxEps);
   return cast_kernel(
@@ -156,7 +191,9 @@ Fp8Cast fp8_cast_tensorwise_cuda(
       /*saturate_inf=*/true,
       data,
       transposed,
-      column_sums);
+      column_sums,
+      op,
+      auxc);
 }
 
 bool fp8_update_cuda_applies(const Fp8DelayedState& s) {

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "fp8_cast_op.h"
 #include "fp8_linear.h"
 
 namespace lamp::nn::detail {
@@ -16,9 +17,12 @@ namespace lamp::nn::detail {
 /// even number of rows and columns (contiguous or not: it is made so).
 bool fp8_cast_cuda_applies(const at::Tensor& x);
 
-/// quantize_delayed(x, fp8, scale, amax), its data as asked; with
-/// `column_sums`, also x's column sums in fp32 (Fp8Cast::column_sums) where
-/// the kernel's 8-wide path takes x (rows and columns multiples of 8).
+/// quantize_delayed(op(x), fp8, scale, amax), its data as asked; with
+/// `column_sums`, also op(x)'s column sums in fp32 (Fp8Cast::column_sums)
+/// where the kernel's 8-wide path takes x (rows and columns multiples of
+/// 8). `op` (fp8_cast_op.h) in the same kernel where that path takes x,
+/// else ATen's op first; `aux`: kGeluBackward's pre-activation (x's shape
+/// and dtype), else undefined.
 Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
@@ -26,15 +30,20 @@ Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& amax,
     bool data,
     bool transposed,
-    bool column_sums = false);
+    bool column_sums = false,
+    Fp8CastOp op = Fp8CastOp::kNone,
+    const at::Tensor& aux = at::Tensor());
 
-/// quantize_tensorwise(x, fp8), its data as asked; `column_sums` as above.
+/// quantize_tensorwise(op(x), fp8), its data as asked; `column_sums`, `op`
+/// and `aux` as above.
 Fp8Cast fp8_cast_tensorwise_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
     bool data,
     bool transposed,
-    bool column_sums = false);
+    bool column_sums = false,
+    Fp8CastOp op = Fp8CastOp::kNone,
+    const at::Tensor& aux = at::Tensor());
 
 /// Whether the update kernel (fp8_scale_update_kernel.h) takes `s`: CUDA,
 /// contiguous fp32 [3, len] and [3] on one device, len at most 1024.

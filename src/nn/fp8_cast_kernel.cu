@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cuda_dtype.cuh"
@@ -40,6 +41,46 @@ struct Pair<__nv_bfloat16> {
 // that an integer max is amax's (NaN propagates, as ATen's amax).
 __device__ inline unsigned abs_bits(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
+}
+
+// GELU's tanh approximation and its derivative in fp32, with ATen's CUDA
+// kernels' constants (sqrt(2 / pi) from the double product, rounded once)
+// and order of operations, so that rounded to x's type they are
+// at::gelu(x, "tanh") and at::gelu_backward(dy, x, "tanh") bit for bit
+// (Fp8CastGpu.GeluOpsAreAtensOps checks it).
+constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+constexpr float kGeluKappa = 0.044715f;
+
+__device__ inline float gelu_tanh(float x) {
+  const float x_cube = x * x * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+__device__ inline float gelu_tanh_backward(float dy, float x) {
+  const float x_sq = x * x;
+  const float x_cube = x_sq * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
+  const float tanh_inner = tanhf(inner);
+  const float left = 0.5f * x;
+  const float right = 1.0f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.0f - tanh_inner * tanh_inner;
+  const float inner_derivative = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x_sq);
+  const float right_derivative = left * tanh_derivative * inner_derivative;
+  return dy * (left_derivative + right_derivative);
+}
+
+// op(v, aux) rounded to T, as a float (Fp8CastOp).
+template <typename T, Fp8CastOp Op>
+__device__ inline float apply_op(float v, float aux) {
+  if constexpr (Op == Fp8CastOp::kGelu) {
+    return to_float(from_float<T>(gelu_tanh(v)));
+  } else if constexpr (Op == Fp8CastOp::kGeluBackward) {
+    return to_float(from_float<T>(gelu_tanh_backward(v, aux)));
+  } else {
+    return v;
+  }
 }
 
 // NOTE: c10's float -> Float8_e4m3fn / Float8_e5m2 conversions (what the
@@ -233,7 +274,7 @@ constexpr int kVecRowWords = kTile / 4 + 1;
 // of 8, x 16-byte aligned): thread t reads columns 8 (t % 8) ... + 7 of
 // rows t / 8 and t / 8 + 32 (16- or 32-byte loads), writes their 8 bytes
 // row-major, and then 8 bytes of the transpose: 8 rows of one column.
-template <typename T, Fp8CastFormat F>
+template <typename T, Fp8CastFormat F, Fp8CastOp Op>
 __global__ void __launch_bounds__(kVecThreads)
     fp8_cast_vec_kernel(Fp8CastArgs a) {
   __shared__ uint32_t tile[kTile][kVecRowWords];
@@ -253,11 +294,25 @@ __global__ void __launch_bounds__(kVecThreads)
   // NOTE: both rows' loads first, then the arithmetic: two loads in flight
   // a thread.
   float v[2][8];
+  float aux[2][8];
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int64_t r = row0 + t / 8 + 32 * k;
     if (r < a.rows && c < a.cols) {
       Eight<T>::load(x + r * a.cols + c, v[k]);
+      if constexpr (Op == Fp8CastOp::kGeluBackward) {
+        Eight<T>::load(static_cast<const T*>(a.aux) + r * a.cols + c, aux[k]);
+      }
+    }
+  }
+  if constexpr (Op != Fp8CastOp::kNone) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        v[k][q] = apply_op<T, Op>(
+            v[k][q], Op == Fp8CastOp::kGeluBackward ? aux[k][q] : 0.0f);
+      }
     }
   }
 #pragma unroll
@@ -326,17 +381,36 @@ __global__ void __launch_bounds__(kVecThreads)
 
 constexpr int kAmaxThreads = 256;
 
-template <typename T>
+template <typename T, Fp8CastOp Op>
 __global__ void __launch_bounds__(kAmaxThreads)
-    fp8_amax_kernel(const T* x, int64_t n, float* amax) {
+    fp8_amax_kernel(const T* x, const T* aux, int64_t n, float* amax) {
   unsigned m = 0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < n;
        i += stride) {
-    m = max(m, abs_bits(to_float(x[i])));
+    const float a = Op == Fp8CastOp::kGeluBackward ? to_float(aux[i]) : 0.0f;
+    m = max(m, abs_bits(apply_op<T, Op>(to_float(x[i]), a)));
   }
   fold_amax<kAmaxThreads / 32>(m, amax);
+}
+
+template <typename T, Fp8CastFormat F>
+void launch_vec(const dim3& grid, const Fp8CastArgs& a, cudaStream_t stream) {
+  switch (a.op) {
+    case Fp8CastOp::kNone:
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kNone>
+          <<<grid, kVecThreads, 0, stream>>>(a);
+      break;
+    case Fp8CastOp::kGelu:
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGelu>
+          <<<grid, kVecThreads, 0, stream>>>(a);
+      break;
+    case Fp8CastOp::kGeluBackward:
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGeluBackward>
+          <<<grid, kVecThreads, 0, stream>>>(a);
+      break;
+  }
 }
 
 template <typename T>
@@ -348,11 +422,9 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
       static_cast<unsigned>((a.cols + kTile - 1) / kTile));
   if (fp8_cast_is_eight_wide(a)) {
     if (a.format == Fp8CastFormat::kE4M3) {
-      fp8_cast_vec_kernel<T, Fp8CastFormat::kE4M3>
-          <<<grid, kVecThreads, 0, stream>>>(a);
+      launch_vec<T, Fp8CastFormat::kE4M3>(grid, a, stream);
     } else {
-      fp8_cast_vec_kernel<T, Fp8CastFormat::kE5M2>
-          <<<grid, kVecThreads, 0, stream>>>(a);
+      launch_vec<T, Fp8CastFormat::kE5M2>(grid, a, stream);
     }
     return cudaGetLastError();
   }
@@ -362,6 +434,33 @@ cudaError_t launch_typed(const Fp8CastArgs& a, cudaStream_t stream) {
     fp8_cast_kernel<T, Fp8CastFormat::kE5M2><<<grid, block, 0, stream>>>(a);
   }
   return cudaGetLastError();
+}
+
+template <typename T>
+void launch_amax(
+    unsigned grid,
+    const void* x,
+    const void* aux,
+    int64_t n,
+    float* amax,
+    Fp8CastOp op,
+    cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* at = static_cast<const T*>(aux);
+  switch (op) {
+    case Fp8CastOp::kNone:
+      fp8_amax_kernel<T, Fp8CastOp::kNone>
+          <<<grid, kAmaxThreads, 0, stream>>>(xt, at, n, amax);
+      break;
+    case Fp8CastOp::kGelu:
+      fp8_amax_kernel<T, Fp8CastOp::kGelu>
+          <<<grid, kAmaxThreads, 0, stream>>>(xt, at, n, amax);
+      break;
+    case Fp8CastOp::kGeluBackward:
+      fp8_amax_kernel<T, Fp8CastOp::kGeluBackward>
+          <<<grid, kAmaxThreads, 0, stream>>>(xt, at, n, amax);
+      break;
+  }
 }
 
 __global__ void fp8_column_fold_kernel(
@@ -384,7 +483,8 @@ __global__ void fp8_column_fold_kernel(
 
 bool fp8_cast_is_eight_wide(const Fp8CastArgs& args) {
   return args.rows % 8 == 0 && args.cols % 8 == 0 &&
-      reinterpret_cast<uintptr_t>(args.x) % 16 == 0;
+      reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(args.aux) % 16 == 0;
 }
 
 cudaError_t launch_fp8_column_fold(
@@ -411,7 +511,11 @@ cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
       (args.cols + kTile - 1) / kTile > 65535) {
     return cudaErrorInvalidValue;
   }
-  if (args.column_partials != nullptr && !fp8_cast_is_eight_wide(args)) {
+  if ((args.column_partials != nullptr || args.op != Fp8CastOp::kNone) &&
+      !fp8_cast_is_eight_wide(args)) {
+    return cudaErrorInvalidValue;
+  }
+  if ((args.op == Fp8CastOp::kGeluBackward) != (args.aux != nullptr)) {
     return cudaErrorInvalidValue;
   }
   switch (args.input_type) {
@@ -430,9 +534,14 @@ cudaError_t launch_fp8_amax(
     const void* x,
     int64_t n,
     float* amax,
-    cudaStream_t stream) {
+    cudaStream_t stream,
+    Fp8CastOp op,
+    const void* aux) {
   if (n <= 0) {
     return cudaSuccess;
+  }
+  if ((op == Fp8CastOp::kGeluBackward) != (aux != nullptr)) {
+    return cudaErrorInvalidValue;
   }
   constexpr int kThreads = kAmaxThreads;
   // Enough blocks to fill the GPU; each thread then strides.
@@ -440,16 +549,13 @@ cudaError_t launch_fp8_amax(
   const auto grid = static_cast<unsigned>(blocks);
   switch (input_type) {
     case Fp8CastInput::kFloat:
-      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
-          static_cast<const float*>(x), n, amax);
+      launch_amax<float>(grid, x, aux, n, amax, op, stream);
       break;
     case Fp8CastInput::kHalf:
-      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
-          static_cast<const __half*>(x), n, amax);
+      launch_amax<__half>(grid, x, aux, n, amax, op, stream);
       break;
     case Fp8CastInput::kBFloat16:
-      fp8_amax_kernel<<<grid, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), n, amax);
+      launch_amax<__nv_bfloat16>(grid, x, aux, n, amax, op, stream);
       break;
   }
   return cudaGetLastError();

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "fp8_cast_op.h"
+
 namespace lamp::nn::detail {
 
 enum class Fp8CastInput { kFloat, kHalf, kBFloat16 };
@@ -41,6 +43,10 @@ struct Fp8CastArgs {
   // them up. Only the 8-wide path writes them (fp8_cast_is_eight_wide).
   // Or null.
   float* column_partials = nullptr;
+  // The op on x's values (only the 8-wide path takes one); `aux` is x's
+  // shape, layout and type, for kGeluBackward.
+  Fp8CastOp op = Fp8CastOp::kNone;
+  const void* aux = nullptr;
 };
 
 // Whether launch_fp8_cast takes its 8-wide path for these arguments (rows
@@ -58,17 +64,19 @@ cudaError_t launch_fp8_column_fold(
     cudaStream_t stream);
 
 // Enqueues the cast on `stream`: tiles of 64 x 64 elements, read and
-// written 8 at a time where rows and cols are multiples of 8 and x is
-// 16-byte aligned, else 2 at a time.
+// written 8 at a time where rows and cols are multiples of 8 and x (and
+// aux) 16-byte aligned, else 2 at a time (then without an op).
 cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 
-// max(|x|) of `n` elements of x (contiguous) into *amax, as above (zeroed
-// by the caller).
+// max(|op(x)|) of `n` elements of x (contiguous; `aux` likewise for
+// kGeluBackward) into *amax, as above (zeroed by the caller).
 cudaError_t launch_fp8_amax(
     Fp8CastInput input_type,
     const void* x,
     int64_t n,
     float* amax,
-    cudaStream_t stream);
+    cudaStream_t stream,
+    Fp8CastOp op = Fp8CastOp::kNone,
+    const void* aux = nullptr);
 
 } // namespace lamp::nn::detail

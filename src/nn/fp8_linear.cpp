@@ -7,6 +7,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_scaled_mm.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_backward.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
@@ -38,74 +40,97 @@ constexpr bool kFusedCasts = true;
 // checks it), else ATen's column sum.
 constexpr bool kFusedBiasGrad = true;
 
-// `x` (a matrix) in `fp8` with the copies asked for: with `delayed`'s row
-// `row` scale (its amax recorded in the history's column 0), else the
-// current scale. On CUDA one kernel (fp8_cast_cuda.h, with kFusedCasts),
-// elsewhere the reference ops and a transpose; the same bytes.
-Fp8Cast cast_operand(
+} // namespace
+
+at::Tensor fp8_reference_op(
     const at::Tensor& x,
-    at::ScalarType fp8,
-    const at::Tensor* history,
-    const at::Tensor* scale,
-    int64_t row,
-    bool data,
-    bool transposed,
-    bool column_sums = false) {
+    Fp8CastOp op,
+    const at::Tensor& aux) {
+  switch (op) {
+    case Fp8CastOp::kGelu:
+      return at::gelu(x, "tanh");
+    case Fp8CastOp::kGeluBackward:
+      return at::gelu_backward(x, aux, "tanh");
+    case Fp8CastOp::kNone:
+      break;
+  }
+  return x;
+}
+
+Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec) {
+  const at::Tensor history =
+      spec.delayed ? spec.delayed->history.select(0, spec.row) : at::Tensor();
+  const at::Tensor scale =
+      spec.delayed ? spec.delayed->scale.select(0, spec.row) : at::Tensor();
 #if LAMP_WITH_CUDA
   if (kFusedCasts && fp8_cast_cuda_applies(x)) {
-    return history
+    const bool sums = spec.column_sums && kFusedBiasGrad;
+    auto out = spec.delayed
         ? fp8_cast_delayed_cuda(
               x,
-              fp8,
-              scale->select(0, row),
-              history->select(0, row).select(0, 0),
-              data,
-              transposed,
-              column_sums)
-        : fp8_cast_tensorwise_cuda(x, fp8, data, transposed, column_sums);
+              spec.fp8,
+              scale,
+              history.select(0, 0),
+              spec.data,
+              spec.transposed,
+              sums,
+              spec.op,
+              spec.aux)
+        : fp8_cast_tensorwise_cuda(
+              x, spec.fp8, spec.data, spec.transposed, sums, spec.op, spec.aux);
+    if (spec.column_sums && !out.column_sums.defined()) {
+      // Where the kernel could not sum (or kFusedBiasGrad is off).
+      out.column_sums = fp8_reference_op(x, spec.op, spec.aux)
+                            .sum(0, /*keepdim=*/false, at::kFloat);
+    }
+    return out;
   }
-#else
-  (void)column_sums;
 #endif
-  auto [q, inverse] = history
-      ? quantize_delayed(
-            x, fp8, scale->select(0, row), history->select(0, row).select(0, 0))
-      : quantize_tensorwise(x, fp8);
+  const auto source = fp8_reference_op(x, spec.op, spec.aux);
+  auto [q, inverse] = spec.delayed
+      ? quantize_delayed(source, spec.fp8, scale, history.select(0, 0))
+      : quantize_tensorwise(source, spec.fp8);
   Fp8Cast out;
   out.inverse_scale = std::move(inverse);
-  if (transposed) {
+  if (spec.transposed) {
     out.data_t = q.t().contiguous();
   }
-  if (data) {
+  if (spec.data) {
     out.data = std::move(q);
+  }
+  if (spec.column_sums) {
+    out.column_sums = source.sum(0, /*keepdim=*/false, at::kFloat);
   }
   return out;
 }
 
+namespace {
+
 std::atomic<int64_t> weight_casts{0};
 
-// `weight` in e4m3, row-major and transposed: the copies this thread's FP8
-// scope made of it already when they still hold (Note [FP8 weight cache]),
-// else new ones, kept for the scope's next calls. Under delayed scaling
-// (`history`, `scale`: the layer's state) a reused copy records the amax
-// its cast recorded, as casting again would.
-Fp8Cast weight_operand(
+} // namespace
+
+Fp8Cast fp8_weight_operand(
     const at::Tensor& weight,
-    const at::Tensor* history,
-    const at::Tensor* scale) {
-  const auto& layer_scale = scale ? *scale : at::Tensor();
-  const auto newest = [&] { return history->select(0, 1).select(0, 0); };
+    const Fp8DelayedState* delayed) {
+  const auto& layer_scale = delayed ? delayed->scale : at::Tensor();
+  const auto newest = [&] {
+    return delayed->history.select(0, 1).select(0, 0);
+  };
   if (const auto* copy = fp8_cached_weight(weight, layer_scale)) {
-    if (history) {
+    if (delayed) {
       newest().copy_(copy->amax);
     }
     return copy->cast;
   }
+  Fp8CastSpec spec;
+  spec.fp8 = at::kFloat8_e4m3fn;
+  spec.delayed = delayed;
+  spec.row = 1;
   Fp8WeightCopy copy;
-  copy.cast =
-      cast_operand(weight, at::kFloat8_e4m3fn, history, scale, 1, true, true);
+  copy.cast = fp8_cast(weight, spec);
   weight_casts.fetch_add(1, std::memory_order_relaxed);
-  if (history) {
+  if (delayed) {
     copy.amax = newest().clone();
   }
   auto cast = copy.cast;
@@ -113,9 +138,7 @@ Fp8Cast weight_operand(
   return cast;
 }
 
-// The GEMM's output dtype: autocast's when it is on for the input's device,
-// else the input's.
-at::ScalarType out_dtype_of(const at::Tensor& input) {
+at::ScalarType fp8_out_dtype(const at::Tensor& input) {
   const auto type = input.device().type();
   if (at::autocast::is_autocast_enabled(type)) {
     return at::autocast::get_autocast_dtype(type);
@@ -123,24 +146,33 @@ at::ScalarType out_dtype_of(const at::Tensor& input) {
   return input.scalar_type();
 }
 
-// a (row-major, scaled by a_inv) @ b (column-major, scaled by b_inv).
-at::Tensor scaled_mm(
+at::Tensor fp8_scaled_mm(
     const at::Tensor& a,
     const at::Tensor& a_inv,
     const at::Tensor& b,
     const at::Tensor& b_inv,
     at::ScalarType out_dtype,
-    const std::optional<at::Tensor>& bias = std::nullopt) {
-  return at::_scaled_mm(
+    const at::Tensor& bias) {
+  // NOTE: the bias in the GEMM's epilogue where _scaled_mm takes it (a
+  // 16-bit output), else one add.
+  const bool epilogue =
+      bias.defined() && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
+  auto y = at::_scaled_mm(
       a,
       b,
       a_inv,
       b_inv,
-      bias,
+      epilogue ? std::optional<at::Tensor>(bias.to(out_dtype)) : std::nullopt,
       /*scale_result=*/std::nullopt,
       out_dtype,
       /*use_fast_accum=*/false);
+  if (bias.defined() && !epilogue) {
+    y = y + bias.to(out_dtype);
+  }
+  return y;
 }
+
+namespace {
 
 struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
   // `history` and `scale`: a delayed-scaling state, or both absent
@@ -154,37 +186,31 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
       std::optional<at::Tensor> bias,
       std::optional<at::Tensor> history,
       std::optional<at::Tensor> scale) {
-    const auto out_dtype = out_dtype_of(input);
+    const auto out_dtype = fp8_out_dtype(input);
     const int64_t in = weight.size(1);
     // NOTE: under autocast the input is cast to its dtype first, as
     // torchao's Float8Linear does (a linear's inputs are autocast's).
     const auto rows = input.reshape({-1, in}).to(out_dtype);
-    const at::Tensor* h = history ? &*history : nullptr;
-    const at::Tensor* sc = scale ? &*scale : nullptr;
+    Fp8DelayedState state;
+    if (history) {
+      state = {*history, *scale};
+    }
+    const Fp8DelayedState* delayed = history ? &state : nullptr;
+    fp8_save_state(ctx, delayed);
     // NOTE: the transposes for the backward's GEMMs are written now, by the
     // same kernel, and saved instead of the row-major copies (same memory).
-    const auto x8 =
-        cast_operand(rows, at::kFloat8_e4m3fn, h, sc, 0, true, true);
-    const auto w8 = weight_operand(weight, h, sc);
-    if (history) {
-      ctx->saved_data["history"] = *history;
-      ctx->saved_data["scale"] = *scale;
-    }
-    // NOTE: the bias in the GEMM's epilogue where _scaled_mm takes it (a
-    // 16-bit output), else one add.
-    const bool epilogue =
-        bias && (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
-    auto y = scaled_mm(
+    Fp8CastSpec spec;
+    spec.fp8 = at::kFloat8_e4m3fn;
+    spec.delayed = delayed;
+    const auto x8 = fp8_cast(rows, spec);
+    const auto w8 = fp8_weight_operand(weight, delayed);
+    const auto y = fp8_scaled_mm(
         x8.data,
         x8.inverse_scale,
         w8.data.t(),
         w8.inverse_scale,
         out_dtype,
-        epilogue ? std::optional<at::Tensor>(bias->to(out_dtype))
-                 : std::nullopt);
-    if (bias && !epilogue) {
-      y = y + bias->to(out_dtype);
-    }
+        bias ? *bias : at::Tensor());
     ctx->save_for_backward(
         {x8.data_t, x8.inverse_scale, w8.data_t, w8.inverse_scale});
     ctx->saved_data["has_bias"] = bias.has_value();
@@ -206,41 +232,50 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     const int64_t out = w8_t.size(1);
     const auto& grad = grads[0];
     const auto g = grad.reshape({-1, out});
-    const bool delayed = ctx->saved_data.count("history") != 0;
-    at::Tensor history, scale;
-    if (delayed) {
-      history = ctx->saved_data["history"].toTensor();
-      scale = ctx->saved_data["scale"].toTensor();
-    }
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const auto g8 = cast_operand(
-        g,
-        at::kFloat8_e5m2,
-        delayed ? &history : nullptr,
-        delayed ? &scale : nullptr,
-        2,
-        true,
-        true,
-        /*column_sums=*/has_bias && kFusedBiasGrad);
+    const auto state = fp8_saved_state(ctx);
+    Fp8CastSpec spec;
+    spec.fp8 = at::kFloat8_e5m2;
+    spec.delayed = state ? &*state : nullptr;
+    spec.row = 2;
+    spec.column_sums = has_bias;
+    const auto g8 = fp8_cast(g, spec);
     // dX = dY @ W: e5m2 x e4m3 (W column-major: its transpose's view).
-    auto dx = scaled_mm(g8.data, g8.inverse_scale, w8_t.t(), w_inv, in_dtype);
+    auto dx =
+        fp8_scaled_mm(g8.data, g8.inverse_scale, w8_t.t(), w_inv, in_dtype);
     auto in_sizes = grad.sizes().vec();
     in_sizes.back() = w8_t.size(0);
     // dW = dY^T @ X: e5m2 x e4m3, into the weight's dtype (fp32 master).
-    auto dw = scaled_mm(g8.data_t, g8.inverse_scale, x8_t.t(), x_inv, w_dtype);
-    at::Tensor db;
-    if (has_bias) {
-      // In fp32 from the unquantised gradient: summed by its cast where the
-      // cast could, else here.
-      db = (g8.column_sums.defined() ? g8.column_sums
-                                     : g.sum(0, /*keepdim=*/false, at::kFloat))
-               .to(w_dtype);
-    }
+    auto dw =
+        fp8_scaled_mm(g8.data_t, g8.inverse_scale, x8_t.t(), x_inv, w_dtype);
+    // The bias's gradient in fp32 from the unquantised gradient.
+    const auto db = has_bias ? g8.column_sums.to(w_dtype) : at::Tensor();
     return {dx.view(in_sizes), dw, db, at::Tensor(), at::Tensor()};
   }
 };
 
 } // namespace
+
+void fp8_save_state(
+    AutogradContext* ctx,
+    const Fp8DelayedState* state,
+    const std::string& prefix) {
+  if (state) {
+    ctx->saved_data[prefix + "history"] = state->history;
+    ctx->saved_data[prefix + "scale"] = state->scale;
+  }
+}
+
+std::optional<Fp8DelayedState> fp8_saved_state(
+    AutogradContext* ctx,
+    const std::string& prefix) {
+  const auto it = ctx->saved_data.find(prefix + "history");
+  if (it == ctx->saved_data.end()) {
+    return std::nullopt;
+  }
+  return Fp8DelayedState{
+      it->second.toTensor(), ctx->saved_data.at(prefix + "scale").toTensor()};
+}
 
 int64_t fp8_linear_weight_cast_count() {
   return weight_casts.load(std::memory_order_relaxed);

@@ -8,7 +8,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+#include <string>
 #include <utility>
+
+#include "fp8_cast_op.h"
+
+namespace torch::autograd {
+struct AutogradContext;
+} // namespace torch::autograd
+namespace lamp::nn {
+class LinearImpl;
+} // namespace lamp::nn
 
 namespace lamp::nn::detail {
 
@@ -24,6 +35,11 @@ bool fp8_applies(const at::Tensor& input, const at::Tensor& weight);
 struct Fp8DelayedState {
   at::Tensor history, scale;
 };
+
+/// In an FP8 scope whose recipe is delayed scaling: `layer`'s state, made
+/// on first use and updated for this forward call (not in a checkpoint's
+/// recompute: that keeps the forward call's scales). Else nullopt.
+std::optional<Fp8DelayedState> fp8_layer_state(LinearImpl& layer);
 
 /// y = input @ weight^T + bias in FP8 (see lamp/fp8.h), with gradients:
 /// current (tensorwise) scales, or `delayed`'s scales when given (the casts
@@ -61,10 +77,72 @@ inline constexpr double kFp8AmaxEps = 1e-12;
 /// 1 / scale (what dequantises).
 struct Fp8Cast {
   at::Tensor data, data_t, inverse_scale;
-  /// The operand's column sums in fp32 (a bias gradient), where the cast
-  /// was asked for them and summed them in the same read; else undefined.
+  /// The column sums in fp32 of what was cast (a bias gradient), where
+  /// asked for (Fp8CastSpec::column_sums); else undefined.
   at::Tensor column_sums;
 };
+
+/// What fp8_cast makes of its operand.
+struct Fp8CastSpec {
+  at::ScalarType fp8 = at::kFloat8_e4m3fn;
+  /// A delayed-scaling state and its row (0 input, 1 weight, 2 output
+  /// gradient): its scale, its amax recorded in the history's column 0.
+  /// Null: the current (tensorwise) scale.
+  const Fp8DelayedState* delayed = nullptr;
+  int64_t row = 0;
+  /// Which copies: row-major, transposed (what the backward's GEMMs take).
+  bool data = true, transposed = true;
+  /// Also the fp32 column sums of op(x) (a bias gradient).
+  bool column_sums = false;
+  /// What is cast: op(x), with `aux` for kGeluBackward (fp8_cast_op.h).
+  Fp8CastOp op = Fp8CastOp::kNone;
+  at::Tensor aux;
+};
+
+/// `x` (a matrix) cast as `spec` says: on CUDA one kernel (fp8_cast_cuda.h),
+/// elsewhere fp8_reference_op, the quantize_* reference and a transpose;
+/// the same bytes.
+Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec);
+
+/// op(x) by ATen's ops (at::gelu / at::gelu_backward, "tanh").
+at::Tensor fp8_reference_op(
+    const at::Tensor& x,
+    Fp8CastOp op,
+    const at::Tensor& aux);
+
+/// `weight` in e4m3, row-major and transposed: the copies this thread's FP8
+/// scope made of it already when they still hold (Note [FP8 weight cache]),
+/// else new ones, kept for the scope's next calls. Under delayed scaling
+/// (the layer's state) a reused copy records the amax its cast recorded, as
+/// casting again would.
+Fp8Cast fp8_weight_operand(
+    const at::Tensor& weight,
+    const Fp8DelayedState* delayed);
+
+/// A GEMM's output dtype: autocast's when it is on for the input's device,
+/// else the input's.
+at::ScalarType fp8_out_dtype(const at::Tensor& input);
+
+/// a (row-major, times a_inv) @ b (column-major, times b_inv) + bias (if
+/// defined; in the GEMM's epilogue for a 16-bit output), in `out_dtype`.
+at::Tensor fp8_scaled_mm(
+    const at::Tensor& a,
+    const at::Tensor& a_inv,
+    const at::Tensor& b,
+    const at::Tensor& b_inv,
+    at::ScalarType out_dtype,
+    const at::Tensor& bias = at::Tensor());
+
+/// An autograd function's delayed-scaling state (if any) kept for its
+/// backward in saved_data under `prefix` (a buffer, not a saved variable:
+/// the casts write their amaxes into it after it is saved).
+void fp8_save_state(
+    torch::autograd::AutogradContext* ctx,
+    const Fp8DelayedState* state,
+    const std::string& prefix = "");
+std::optional<Fp8DelayedState> fp8_saved_state(
+    torch::autograd::AutogradContext* ctx,
+    const std::string& prefix = "");
 
 /// `x` in `fp8` with a given scale (a 0-d fp32 tensor): data = x * scale,
 /// finite values saturated at the format's maximum, inf and NaN left as

@@ -5,6 +5,8 @@
 
 #include <ATen/ops/gelu.h>
 
+#include "fp8_gelu_mlp.h"
+#include "fp8_linear.h"
 #if LAMP_WITH_CUDA
 #include "gelu_mlp_cuda.h"
 #endif
@@ -17,6 +19,12 @@ torch::Tensor gelu_mlp(
     const torch::Tensor& fc_bias,
     const torch::Tensor& proj_weight,
     const torch::Tensor& proj_bias) {
+  if (Fp8AutocastGuard::is_enabled() &&
+      detail::fp8_gelu_mlp_applies(input, fc_weight, proj_weight)) {
+    // Current scaling (the functional form keeps no state).
+    return detail::fp8_gelu_mlp(
+        input, fc_weight, fc_bias, proj_weight, proj_bias, nullptr, nullptr);
+  }
 #if LAMP_WITH_CUDA
   if (!Fp8AutocastGuard::is_enabled() &&
       detail::gelu_mlp_cuda_applies(
@@ -37,7 +45,19 @@ torch::Tensor gelu_mlp(const torch::Tensor& input, Linear& fc, Linear& proj) {
       "lamp::nn::gelu_mlp: both layers need a bias (LinearOptions::bias); "
       "without, call the layers and torch::gelu yourself");
   if (Fp8AutocastGuard::is_enabled()) {
-    // NOTE: through the modules' forward, which keep delayed scaling's state.
+    if (detail::fp8_gelu_mlp_applies(input, fc->weight, proj->weight)) {
+      // Each layer's delayed-scaling state, as its forward would use it.
+      const auto fc_state = detail::fp8_layer_state(*fc);
+      const auto proj_state = detail::fp8_layer_state(*proj);
+      return detail::fp8_gelu_mlp(
+          input,
+          fc->weight,
+          fc->bias,
+          proj->weight,
+          proj->bias,
+          fc_state ? &*fc_state : nullptr,
+          proj_state ? &*proj_state : nullptr);
+    }
     return proj(at::gelu(fc(input), "tanh"));
   }
   return gelu_mlp(input, fc->weight, fc->bias, proj->weight, proj->bias);

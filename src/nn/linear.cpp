@@ -96,22 +96,32 @@ void LinearImpl::init_fp8_state(const Fp8Recipe& recipe) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  if (Fp8AutocastGuard::is_enabled() &&
-      Fp8AutocastGuard::recipe().scaling() == Fp8Scaling::kDelayed &&
-      detail::fp8_applies(input, weight)) {
-    const auto recipe = Fp8AutocastGuard::recipe();
-    init_fp8_state(recipe);
-    const detail::Fp8DelayedState state{fp8_amax_history, fp8_scale};
-    // NOTE: a checkpoint's recompute keeps the forward call's scales.
-    if (!detail::fp8_recomputing()) {
-      torch::NoGradGuard no_grad;
-      detail::fp8_update_delayed(state, recipe);
+  if (Fp8AutocastGuard::is_enabled() && detail::fp8_applies(input, weight)) {
+    if (const auto state = detail::fp8_layer_state(*this)) {
+      return detail::fp8_linear(input, weight, bias, &*state);
     }
-    return detail::fp8_linear(input, weight, bias, &state);
   }
   return linear(input, weight, bias);
 }
 
+namespace detail {
+
+std::optional<Fp8DelayedState> fp8_layer_state(LinearImpl& layer) {
+  const auto recipe = Fp8AutocastGuard::recipe();
+  if (recipe.scaling() != Fp8Scaling::kDelayed) {
+    return std::nullopt;
+  }
+  layer.init_fp8_state(recipe);
+  const Fp8DelayedState state{layer.fp8_amax_history, layer.fp8_scale};
+  // NOTE: a checkpoint's recompute keeps the forward call's scales.
+  if (!fp8_recomputing()) {
+    torch::NoGradGuard no_grad;
+    fp8_update_delayed(state, recipe);
+  }
+  return state;
+}
+
+} // namespace detail
 } // namespace lamp::nn
 
 namespace lamp {

@@ -21,8 +21,13 @@ namespace lamp::nn {
 /// backward pass: what the three ops save (GELU's input and output). The
 /// GELU is computed on the fp32 accumulator and rounded once, so outputs
 /// differ from the three ops' by about one rounding of the type; the other
-/// GEMMs are ATen's. Otherwise (CPU, fp32 or float64, no gradients, widths
-/// not a multiple of 8, an FP8 scope, double backward) it is the three ops.
+/// GEMMs are ATen's. In an FP8 scope (lamp/fp8.h) both GEMMs are FP8 ones,
+/// current scaling, with the GELU inside the FP8 casts between them (the
+/// hidden activation cast from the pre-activation, its gradient with GELU's
+/// derivative): the values of lamp::nn::linear, at::gelu and
+/// lamp::nn::linear in that scope, bit for bit, without their GELU passes.
+/// Otherwise (CPU, fp32 or float64, no gradients, widths not a multiple of
+/// 8, double backward) it is the three ops.
 ///
 /// Example:
 /// \code
@@ -37,9 +42,11 @@ LAMP_API torch::Tensor gelu_mlp(
     const torch::Tensor& proj_weight,
     const torch::Tensor& proj_bias);
 
-/// `gelu_mlp` with two `lamp::nn::Linear` layers (both with a bias): in an
-/// FP8 scope (lamp/fp8.h) their forward calls, so that each keeps its FP8
-/// scaling state; otherwise `gelu_mlp` of their parameters.
+/// `gelu_mlp` with two `lamp::nn::Linear` layers (both with a bias). In an
+/// FP8 scope (lamp/fp8.h) with each layer's scaling as its forward would
+/// use it (under delayed scaling its own state, updated as its forward
+/// updates it): the values of `proj(gelu(fc(x)))`, bit for bit, the GELU
+/// inside the casts; otherwise `gelu_mlp` of their parameters.
 ///
 /// Example:
 /// \code
