@@ -54,8 +54,8 @@ struct Fp8CastArgs {
 // column_partials.
 bool fp8_cast_is_eight_wide(const Fp8CastArgs& args);
 
-// out[c] = the sum over tiles of partials[tile][c], tiles in order (the same
-// bits every run), fp32.
+// out[c] = the sum over tiles of partials[tile][c] in fp32, in a fixed
+// order (the same bits every run).
 cudaError_t launch_fp8_column_fold(
     const float* partials,
     int64_t tiles,
