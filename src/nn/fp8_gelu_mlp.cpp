@@ -55,24 +55,22 @@ struct Fp8GeluMlpFunction : torch::autograd::Function<Fp8GeluMlpFunction> {
     spec.delayed = pointer(fc);
     const auto x8 = fp8_cast(rows, spec);
     const auto w1 = fp8_weight_operand(fc_weight, pointer(fc));
-    const auto pre = fp8_scaled_mm(
-        x8.data,
-        x8.inverse_scale,
-        w1.data.t(),
-        w1.inverse_scale,
-        out_dtype,
-        fc_bias ? *fc_bias : at::Tensor());
+    // x @ w^T + bias, both operands in FP8, in autocast's dtype.
+    auto gemm = [&](const Fp8Cast& x, const Fp8Cast& w, const auto& bias) {
+      return fp8_scaled_mm(
+          x.data,
+          x.inverse_scale,
+          w.data.t(),
+          w.inverse_scale,
+          out_dtype,
+          bias ? *bias : at::Tensor());
+    };
+    const auto pre = gemm(x8, w1, fc_bias);
     spec.delayed = pointer(proj);
     spec.op = Fp8CastOp::kGelu;
     const auto a8 = fp8_cast(pre, spec);
     const auto w2 = fp8_weight_operand(proj_weight, pointer(proj));
-    const auto y = fp8_scaled_mm(
-        a8.data,
-        a8.inverse_scale,
-        w2.data.t(),
-        w2.inverse_scale,
-        out_dtype,
-        proj_bias ? *proj_bias : at::Tensor());
+    const auto y = gemm(a8, w2, proj_bias);
     ctx->save_for_backward(
         {x8.data_t,
          x8.inverse_scale,
