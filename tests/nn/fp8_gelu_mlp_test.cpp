@@ -2,13 +2,17 @@
 // inside the casts gives what the three FP8 ops give (lamp's FP8 linear,
 // at::gelu, FP8 linear) -- the output, every gradient and both layers'
 // delayed-scaling state, bit for bit -- under current and delayed scaling,
-// in fp32 and under bf16 autocast. On a GPU the cast kernels' GELU and its
-// derivative are ATen's, bit for bit, and a graphed step is an eager one.
+// in fp32 and under bf16 autocast, and in a checkpoint's recompute. On a GPU
+// the cast kernels' GELU and its derivative are ATen's, bit for bit, and a
+// graphed step is an eager one.
 
+#include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
+#include <lamp/cuda_graph.h>
 #include <lamp/fp8.h>
 #include <lamp/nn/gelu_mlp.h>
 #include <lamp/nn/linear.h>
+#include <lamp/optim.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -46,12 +50,13 @@ struct Run {
 
 // Two forward and backward passes (delayed scaling's second uses the
 // first's amaxes) of a 32 -> 128 -> 48 MLP, through gelu_mlp (`fused`) or
-// as the three ops.
+// as the three ops; with `recompute`, in lamp::checkpoint.
 Run run(
     bool fused,
     const lamp::Fp8Recipe& recipe,
     torch::Device device,
-    std::optional<torch::ScalarType> autocast) {
+    std::optional<torch::ScalarType> autocast,
+    bool recompute = false) {
   torch::manual_seed(3);
   lamp::nn::Linear fc(32, 128), proj(128, 48);
   fc->to(device);
@@ -70,8 +75,11 @@ Run run(
         guard.emplace(device.type(), *autocast);
       }
       lamp::Fp8AutocastGuard fp8(recipe);
-      y = fused ? lamp::nn::gelu_mlp(x, fc, proj)
-                : proj(torch::gelu(fc(x), "tanh"));
+      auto mlp = [&](const torch::Tensor& in) {
+        return fused ? lamp::nn::gelu_mlp(in, fc, proj)
+                     : proj(torch::gelu(fc(in), "tanh"));
+      };
+      y = recompute ? lamp::checkpoint(mlp, x) : mlp(x);
     }
     torch::manual_seed(10 + step);
     y.backward(torch::randn(y.sizes(), y.options()));
@@ -118,6 +126,21 @@ void expect_same_runs(
 TEST(Fp8GeluMlp, IsTheThreeFp8OpsBitForBit) {
   expect_same_runs(torch::kCPU, std::nullopt);
   expect_same_runs(torch::kCPU, torch::kBFloat16);
+}
+
+// A checkpointed MLP's recompute runs the fused path again with the
+// forward call's scales (not updated twice): the run equals the plain one.
+TEST(Fp8GeluMlp, ARecomputeKeepsTheForwardCallsScales) {
+  for (const auto& recipe : {lamp::Fp8Recipe(), delayed()}) {
+    const auto plain = run(true, recipe, torch::kCPU, torch::kBFloat16);
+    const auto again =
+        run(true, recipe, torch::kCPU, torch::kBFloat16, /*recompute=*/true);
+    ASSERT_EQ(plain.values.size(), again.values.size());
+    for (size_t i = 0; i < plain.values.size(); ++i) {
+      EXPECT_TRUE(torch::equal(plain.values[i], again.values[i]))
+          << plain.names[i];
+    }
+  }
 }
 
 TEST(Fp8GeluMlp, TheFunctionalFormTakesTheFp8Path) {
@@ -201,6 +224,51 @@ TEST(Fp8GeluMlpGpu, CastOpsAreAtensOpsBitForBit) {
       }
     }
   }
+}
+
+// Steps of the fused MLP under delayed scaling captured by GraphedStep
+// (casts, GELU, amax histories and scale updates in the graph) train as
+// eager steps do.
+TEST(Fp8GeluMlpGpu, GraphedStepsEqualEagerSteps) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  torch::manual_seed(4);
+  const auto x = torch::randn({64, 32}, cuda);
+  const auto y = torch::randn({64, 48}, cuda);
+  auto train = [&](bool graphed) {
+    torch::manual_seed(5);
+    lamp::nn::Linear fc(32, 128), proj(128, 48);
+    fc->to(cuda);
+    proj->to(cuda);
+    fc->init_fp8_state(delayed());
+    proj->init_fp8_state(delayed());
+    std::vector<torch::Tensor> params = fc->parameters();
+    for (const auto& p : proj->parameters()) {
+      params.push_back(p);
+    }
+    lamp::optim::FusedAdamW opt(params, torch::optim::AdamWOptions(1e-3));
+    auto step = [&](const std::vector<torch::Tensor>& in) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+        lamp::Fp8AutocastGuard fp8(delayed());
+        loss = (lamp::nn::gelu_mlp(in[0], fc, proj).to(torch::kFloat) - in[1])
+                   .pow(2)
+                   .mean();
+      }
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    lamp::test::run_steps(graphed, step, {x, y}, opt);
+    return std::make_pair(
+        fc->weight.detach().clone(), proj->fp8_amax_history.clone());
+  };
+  const auto [eager_w, eager_history] = train(false);
+  const auto [graphed_w, graphed_history] = train(true);
+  EXPECT_TRUE(torch::allclose(graphed_w, eager_w, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(graphed_history, eager_history));
 }
 
 TEST(Fp8GeluMlpGpu, IsTheThreeFp8OpsBitForBit) {
