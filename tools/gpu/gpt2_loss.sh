@@ -17,9 +17,12 @@
 # the start by which both runs must end, 550: each run's timeout is cut to
 # fit), SKIP_PYTORCH (set: lamp only, to compare against a PyTorch curve
 # kept from an earlier run; the token files' md5 sums in corpus.log say
-# whether the data were the same). Writes to $OUT: build/build.log,
-# corpus.log, lamp.log(.gz), lamp_loss.jsonl, pytorch.log(.gz),
-# pytorch_loss.jsonl.
+# whether the data were the same), PRECISIONS (lamp's runs, one after the
+# other from the same initial weights: bf16, the default, and/or fp8, FP8
+# GEMMs with FP8_SCALING (delayed) scaling; "bf16 fp8" with SKIP_PYTORCH
+# compares FP8's loss with bf16's). Writes to $OUT: build/build.log,
+# corpus.log, lamp.log(.gz), lamp_loss.jsonl (bf16), lamp_fp8.log and
+# lamp_fp8_loss.jsonl (fp8), pytorch.log(.gz), pytorch_loss.jsonl.
 # NOTE: a host's documentation is ~10 MB of text (~3M BPE tokens, not MB's
 # 30): 2000 steps of 16x1024 tokens are ~11 passes over it.
 set -euo pipefail
@@ -62,18 +65,29 @@ py_t=$((STEPS * 70 / 1000 + 60))
 ((lamp_t < 30)) && lamp_t=30
 FAILED=()
 
-say "lamp: $STEPS steps (timeout ${lamp_t}s)"
-status=0
-timeout "$lamp_t" "$LAMP" --model gpt2 --batch-size 16 --precision bf16 --cuda-graph \
-  --data "$DIR/train.bin" --val-data "$DIR/val.bin" --steps "$STEPS" --warmup 0 \
-  --warmup-steps 100 --lr 6e-4 --log-every 10 --eval-every 500 --save-init /tmp/init.pt \
-  --metrics "$OUT/lamp_loss.jsonl" > "$OUT/lamp.log" 2>&1 || status=$?
-if ((status)); then
-  say "lamp failed (exit $status)"
-  FAILED+=(lamp)
-fi
-grep -E "validation loss|ms/step|^gpt2 " "$OUT/lamp.log" | tail -8 || true
-tail -3 "$OUT/lamp.log"
+for P in ${PRECISIONS:-bf16}; do
+  suffix=""
+  extra=()
+  if [[ $P != bf16 ]]; then
+    suffix="_$P"
+  fi
+  if [[ $P == fp8 ]]; then
+    extra=(--fp8-scaling "${FP8_SCALING:-delayed}")
+  fi
+  say "lamp $P: $STEPS steps (timeout ${lamp_t}s)"
+  status=0
+  timeout "$lamp_t" "$LAMP" --model gpt2 --batch-size 16 --precision "$P" "${extra[@]}" \
+    --cuda-graph --data "$DIR/train.bin" --val-data "$DIR/val.bin" --steps "$STEPS" \
+    --warmup 0 --warmup-steps 100 --lr 6e-4 --log-every 10 --eval-every 500 \
+    --save-init /tmp/init.pt --metrics "$OUT/lamp${suffix}_loss.jsonl" \
+    > "$OUT/lamp${suffix}.log" 2>&1 || status=$?
+  if ((status)); then
+    say "lamp $P failed (exit $status)"
+    FAILED+=("lamp-$P")
+  fi
+  grep -E "validation loss|ms/step|^gpt2 " "$OUT/lamp${suffix}.log" | tail -8 || true
+  tail -3 "$OUT/lamp${suffix}.log"
+done
 
 if [[ -n ${SKIP_PYTORCH:-} ]]; then
   say "pytorch: skipped (SKIP_PYTORCH)"
@@ -97,7 +111,7 @@ else
   FAILED+=(pytorch)
 fi
 
-for f in "$OUT/lamp.log" "$OUT/pytorch.log"; do
+for f in "$OUT"/lamp*.log "$OUT/pytorch.log"; do
   [[ -f $f && $(stat -c %s "$f") -gt 1000000 ]] && gzip -f "$f"
 done
 say "summary lines:"
