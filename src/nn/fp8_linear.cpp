@@ -40,6 +40,9 @@ constexpr bool kFusedCasts = true;
 // checks it), else ATen's column sum.
 constexpr bool kFusedBiasGrad = true;
 
+// FP8 weight copies made (fp8_linear_weight_cast_count).
+std::atomic<int64_t> weight_casts{0};
+
 } // namespace
 
 at::Tensor fp8_reference_op(
@@ -103,12 +106,6 @@ Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec) {
   }
   return out;
 }
-
-namespace {
-
-std::atomic<int64_t> weight_casts{0};
-
-} // namespace
 
 Fp8Cast fp8_weight_operand(
     const at::Tensor& weight,
