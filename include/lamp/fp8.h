@@ -74,6 +74,13 @@ struct LAMP_API Fp8Recipe {
   /// sampling on one rank only belongs outside it). Default null: each rank
   /// follows its own amaxes.
   TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, amax_group) = nullptr;
+  /// The forward GEMM accumulates in the FP8 tensor cores' own precision
+  /// (at::_scaled_mm's `use_fast_accum`), not promoted to fp32 at intervals:
+  /// faster, a little less exact. The backward's GEMMs (the gradients) never
+  /// do. Default true, the forward-only choice of torchao's float8 training
+  /// (`gemm_config_output.use_fast_accum`) and Transformer Engine's recipes
+  /// (`fp8_gemm_fprop` without the split accumulator). No effect on the CPU.
+  TORCH_ARG(bool, fast_accum_forward) = true;
 };
 
 /// Within its scope (this thread, until destroyed), lamp's Linear layers

@@ -55,6 +55,7 @@ struct Fp8GeluMlpFunction : torch::autograd::Function<Fp8GeluMlpFunction> {
     spec.delayed = pointer(fc);
     const auto x8 = fp8_cast(rows, spec);
     const auto w1 = fp8_weight_operand(fc_weight, pointer(fc));
+    const bool fast_accum = fp8_forward_fast_accum();
     // x @ w^T + bias, both operands in FP8, in autocast's dtype.
     auto gemm = [&](const Fp8Cast& x, const Fp8Cast& w, const auto& bias) {
       return fp8_scaled_mm(
@@ -63,7 +64,8 @@ struct Fp8GeluMlpFunction : torch::autograd::Function<Fp8GeluMlpFunction> {
           w.data.t(),
           w.inverse_scale,
           out_dtype,
-          bias ? *bias : at::Tensor());
+          bias ? *bias : at::Tensor(),
+          fast_accum);
     };
     const auto pre = gemm(x8, w1, fc_bias);
     spec.delayed = pointer(proj);

@@ -143,13 +143,18 @@ at::ScalarType fp8_out_dtype(const at::Tensor& input) {
   return input.scalar_type();
 }
 
+bool fp8_forward_fast_accum() {
+  return Fp8AutocastGuard::recipe().fast_accum_forward();
+}
+
 at::Tensor fp8_scaled_mm(
     const at::Tensor& a,
     const at::Tensor& a_inv,
     const at::Tensor& b,
     const at::Tensor& b_inv,
     at::ScalarType out_dtype,
-    const at::Tensor& bias) {
+    const at::Tensor& bias,
+    bool fast_accum) {
   // NOTE: the bias in the GEMM's epilogue where _scaled_mm takes it (a
   // 16-bit output), else one add.
   const bool epilogue =
@@ -162,7 +167,7 @@ at::Tensor fp8_scaled_mm(
       epilogue ? std::optional<at::Tensor>(bias.to(out_dtype)) : std::nullopt,
       /*scale_result=*/std::nullopt,
       out_dtype,
-      /*use_fast_accum=*/false);
+      fast_accum);
   if (bias.defined() && !epilogue) {
     y = y + bias.to(out_dtype);
   }
@@ -207,7 +212,8 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
         w8.data.t(),
         w8.inverse_scale,
         out_dtype,
-        bias ? *bias : at::Tensor());
+        bias ? *bias : at::Tensor(),
+        fp8_forward_fast_accum());
     ctx->save_for_backward(
         {x8.data_t, x8.inverse_scale, w8.data_t, w8.inverse_scale});
     ctx->saved_data["has_bias"] = bias.has_value();

@@ -124,14 +124,20 @@ Fp8Cast fp8_weight_operand(
 at::ScalarType fp8_out_dtype(const at::Tensor& input);
 
 /// a (row-major, times a_inv) @ b (column-major, times b_inv) + bias (if
-/// defined; in the GEMM's epilogue for a 16-bit output), in `out_dtype`.
+/// defined; in the GEMM's epilogue for a 16-bit output), in `out_dtype`;
+/// `fast_accum`: at::_scaled_mm's (pass fp8_forward_fast_accum() for a
+/// forward GEMM, false for a gradient's).
 at::Tensor fp8_scaled_mm(
     const at::Tensor& a,
     const at::Tensor& a_inv,
     const at::Tensor& b,
     const at::Tensor& b_inv,
     at::ScalarType out_dtype,
-    const at::Tensor& bias = at::Tensor());
+    const at::Tensor& bias = at::Tensor(),
+    bool fast_accum = false);
+
+/// The scope's Fp8Recipe::fast_accum_forward.
+bool fp8_forward_fast_accum();
 
 /// An autograd function's delayed-scaling state (if any) kept for its
 /// backward in saved_data under `prefix` (a buffer, not a saved variable:

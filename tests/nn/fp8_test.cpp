@@ -3,7 +3,8 @@
 // saturated casts); the forward output and both gradients equal to the
 // GEMMs of the dequantised operands; nothing changes outside the scope; a
 // non-finite input stays visible; a small model trains in FP8 as in bf16.
-// On a GPU: the same against cuBLASLt's FP8 GEMMs, and inside GraphedStep.
+// On a GPU: the same against cuBLASLt's FP8 GEMMs, with and without fast
+// accumulation in the forward GEMM, and inside GraphedStep.
 
 #include <lamp/autocast.h>
 #include <lamp/cuda_graph.h>
@@ -185,6 +186,42 @@ TEST(Fp8, AModelTrainsInFp8AsInBf16) {
 TEST(Fp8Gpu, LinearIsTheGemmsOfTheDequantisedOperands) {
   LAMP_SKIP_WITHOUT_CUDA();
   expect_gemms_of_dequantised_operands(torch::kCUDA);
+}
+
+// Fp8Recipe::fast_accum_forward changes the forward GEMM only: either way
+// the output is the GEMM of the dequantised operands (to bf16 rounding), and
+// the gradients are the same bits.
+TEST(Fp8Gpu, FastAccumulationIsTheForwardGemmsOnly) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  torch::manual_seed(6);
+  // A long reduction (K = 4,096), where the accumulators' precision shows.
+  lamp::nn::Linear fc(4096, 256);
+  fc->to(cuda);
+  const auto x0 = torch::randn({512, 4096}, cuda);
+  const auto gy = torch::randn({512, 256}, cuda).to(torch::kBFloat16);
+  auto run = [&](bool fast) {
+    fc->zero_grad();
+    const auto x = x0.clone().requires_grad_();
+    torch::Tensor y;
+    {
+      lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+      lamp::Fp8AutocastGuard fp8(lamp::Fp8Recipe().fast_accum_forward(fast));
+      y = fc(x);
+    }
+    y.backward(gy);
+    return std::make_tuple(
+        y.detach(), x.grad().clone(), fc->weight.grad().clone());
+  };
+  const auto [y_fast, dx_fast, dw_fast] = run(true);
+  const auto [y_exact, dx_exact, dw_exact] = run(false);
+  const auto xq = dequantised(x0.to(torch::kBFloat16), torch::kFloat8_e4m3fn);
+  const auto wq = dequantised(fc->weight.detach(), torch::kFloat8_e4m3fn);
+  const auto y_ref = xq.matmul(wq.t()) + fc->bias.detach();
+  EXPECT_LT(rel_max_error(y_fast, y_ref), 8e-3);
+  EXPECT_LT(rel_max_error(y_exact, y_ref), 8e-3);
+  EXPECT_TRUE(torch::equal(dx_fast, dx_exact));
+  EXPECT_TRUE(torch::equal(dw_fast, dw_exact));
 }
 
 // The scales live on the device (no host sync), so a step with FP8 GEMMs
