@@ -61,6 +61,7 @@ tail -5 "$OUT/corpus.log"
 # share).
 lamp_t=$((STEPS * 60 / 1000 + 60))
 py_t=$((STEPS * 70 / 1000 + 60))
+[[ -n ${SKIP_PYTORCH:-} ]] && py_t=0
 ((lamp_t > $(left) - py_t)) && lamp_t=$(($(left) - py_t))
 ((lamp_t < 30)) && lamp_t=30
 FAILED=()
