@@ -10,9 +10,12 @@ the state_dict keys match lamp's checkpoints (`wte.weight`,
 CUDA) with weight decay on the matrices only and lamp's examples' schedule (linear
 warm-up, then cosine to 0).
 
-Each step is timed between two synchronisations, batch sampling included;
-ms_per_step is the median of the --steps timed steps after --warmup untimed
-ones (where torch.compile compiles). Peak memory is
+Steps are timed as gpt_amp times them: the device is waited for only where
+a window of steps ends (a logged step, the end of the warm-up, the last
+step), so the host queues the next step while one runs, and each step of a
+window counts as the window's mean, batch sampling included; ms_per_step is
+the median over the --steps timed steps after --warmup untimed ones (where
+torch.compile compiles). Peak memory is
 torch.cuda.max_memory_allocated since just before the warm-up.
 
 Examples, from the repository root (tools/gpu/gpt2_bench.sh runs lamp and
@@ -349,7 +352,8 @@ def main():
             starts = order[epoch][index * B * A:(index + 1) * B * A]
             xy = torch.from_numpy(
                 np.stack([data[w * T:w * T + T + 1] for w in starts]).astype(np.int64))
-        xy = xy.to(device)
+        if cuda:  # as nanoGPT: pinned, copied without waiting for the stream
+            xy = xy.pin_memory().to(device, non_blocking=True)
         return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
 
     schedule = make_schedule(optimizer, args.warmup_steps, args.warmup + args.steps)
@@ -397,17 +401,27 @@ def main():
     total_steps = args.warmup + args.steps
     times, last, last_step = [], time.perf_counter(), 0
     profiler = None
+    # As gpt_amp (Note [timing steps without a sync a step] in
+    # examples/common.h): a sync only where a window of steps ends (a logged
+    # step, the end of the warm-up, the last step), each step of a window
+    # timed as the window's mean.
+    sync()
+    window_start, window_steps = time.perf_counter(), 0
     for step in range(1, total_steps + 1):
         if args.trace and step == max(args.warmup + 1, total_steps - 2):
+            sync()
+            window_start, window_steps = time.perf_counter(), 0
             profiler = torch.profiler.profile(activities=[
                 torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             profiler.start()
-        sync()
-        start = time.perf_counter()
         loss, lr = train_step(step - 1)
-        sync()
-        if step > args.warmup:
-            times.append((time.perf_counter() - start) * 1e3)
+        window_steps += 1
+        if step == args.warmup or step % args.log_every == 0 or step == total_steps:
+            sync()
+            now = time.perf_counter()
+            if step - window_steps >= args.warmup:
+                times += [(now - window_start) * 1e3 / window_steps] * window_steps
+            window_start, window_steps = now, 0
         if step % args.log_every == 0 or step == total_steps:
             loss_value = loss.item()
             now = time.perf_counter()

@@ -150,9 +150,16 @@ int run(
         {batch * opt.grad_accum, seq + 1},
         generator,
         torch::kLong);
-    return std::make_pair(
-        tokens.narrow(1, 0, seq).contiguous(),
-        tokens.narrow(1, 1, seq).contiguous());
+    // NOTE: pinned, so that the copies to the GPU are asynchronous (from
+    // pageable memory a copy first waits for the stream: for the step
+    // before, which Note [timing steps without a sync a step] overlaps).
+    auto x = tokens.narrow(1, 0, seq).contiguous();
+    auto y = tokens.narrow(1, 1, seq).contiguous();
+    if (device.is_cuda()) {
+      x = x.pin_memory();
+      y = y.pin_memory();
+    }
+    return std::make_pair(x, y);
   };
   auto batch_at = [&](int64_t step) {
     auto b = train ? train->batch(
@@ -294,20 +301,20 @@ int run(
   examples::SkippedSteps skipped_steps;
   std::optional<examples::Trace> trace;
   const int64_t traced_steps = 3;
+  // Note [timing steps without a sync a step] (examples/common.h): the
+  // device is waited for only at a window's end.
+  examples::StepTimer timer(device);
+  double ms = NAN; // the last window's mean
   while (step < total) {
-    examples::synchronize(device);
     if (!opt.trace.empty() && print &&
         step == std::max<int64_t>(warmup, total - traced_steps)) {
+      timer.restart(); // the trace holds these steps' kernels only
       trace.emplace(opt.trace);
       trace->start();
     }
-    const auto start = std::chrono::steady_clock::now();
     const auto in = batch_at(step);
     loss = graphed ? (*graphed)(in) : train_step(in);
-    examples::synchronize(device);
-    const double ms = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+    timer.step();
     ++step;
     ++done;
     skipped_steps.add(scaler);
@@ -315,8 +322,18 @@ int run(
     if (schedule) {
       schedule->step();
     }
-    if (step > warmup) {
-      step_ms.push_back(ms);
+    const bool evaluate_now = val &&
+        ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == total);
+    const bool checkpoint_now =
+        opt.run.checkpoint_every > 0 && step % opt.run.checkpoint_every == 0;
+    if (step == warmup || step % opt.log_every == 0 || step == total ||
+        evaluate_now || checkpoint_now) {
+      const auto [window_ms, steps] = timer.lap();
+      ms = window_ms;
+      // Windows begun in the warm-up are not timed.
+      if (steps > 0 && step - steps >= warmup) {
+        step_ms.insert(step_ms.end(), steps, window_ms);
+      }
     }
     progress.update(
         step,
@@ -332,8 +349,7 @@ int run(
            {"step_ms", ms},
            {"tokens_per_s", tokens_per_step * 1000.0 / ms}});
     }
-    if (val &&
-        ((opt.eval_every > 0 && step % opt.eval_every == 0) || step == total)) {
+    if (evaluate_now) {
       const double v = evaluate();
       progress.finish();
       if (print) {
@@ -353,6 +369,9 @@ int run(
             static_cast<long long>(done));
       }
       return 0;
+    }
+    if (evaluate_now || checkpoint_now) {
+      timer.restart(); // not a step's time
     }
   }
   progress.finish();
