@@ -59,12 +59,38 @@ __device__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 __device__ MaxSum add(MaxSum a, float x) {
+  if (x == -INFINITY) {
+    return a; // probability 0 (and exp(-inf - -inf) would be a NaN)
+  }
   if (x <= a.max) {
     return {a.max, a.sum + expf(x - a.max)};
   }
   // NOTE: a NaN logit lands here too (x <= max is false): the max becomes
   // NaN and so does the row's loss, as in Python.
   return {x, a.sum * expf(a.max - x) + 1.f};
+}
+
+// add() of N values at once: their max first, then at most one rescale of
+// the sum and an exp each, with no branch an element (the per-element
+// branch of add() made the first pass compute-bound on GPT-2's rows).
+// NOTE: fmaxf skips a NaN, but its exp makes the sum NaN, so the row's loss
+// is NaN all the same.
+template <int N>
+__device__ MaxSum add_all(MaxSum a, const float (&x)[N]) {
+  float m = a.max;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    m = fmaxf(m, x[k]);
+  }
+  if (m == -INFINITY) {
+    return a; // every value so far -inf: nothing to add
+  }
+  float sum = m == a.max ? a.sum : a.sum * expf(a.max - m);
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    sum += expf(x[k] - m);
+  }
+  return {m, sum};
 }
 
 // The block's combined MaxSum, in every thread.
@@ -131,10 +157,12 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
   MaxSum ms{-INFINITY, 0.f};
   for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
     const Pack<T> p = packed[i];
+    float x[kPack<T>];
 #pragma unroll
     for (int k = 0; k < kPack<T>; ++k) {
-      ms = add(ms, to_float(p.v[k]));
+      x[k] = to_float(p.v[k]);
     }
+    ms = add_all(ms, x);
   }
   for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     ms = add(ms, to_float(row[j]));

@@ -3,7 +3,7 @@
 // gradients for any chunking (one chunk, several, a partial last one),
 // ignored targets, sum and mean, inputs of rank 2 and 3, autocast; its
 // errors; on a GPU lamp's kernel in fp32, bf16 and fp16 (vector and scalar
-// paths), and inside a CUDA graph.
+// paths), logits of -inf, and inside a CUDA graph.
 
 #include <lamp/autocast.h>
 #include <lamp/nn/linear.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/cross_entropy_cuda.h"
 #include "support.h"
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -211,6 +212,38 @@ TEST_F(LinearCrossEntropyGpu, NanLogitGivesANanLoss) {
     auto p = problem({4, 16}, classes, torch::kCUDA);
     p.x[0][0] = std::numeric_limits<float>::quiet_NaN();
     EXPECT_TRUE(std::isnan(fused(p).loss.item<float>())) << classes;
+  }
+}
+
+// Logits of -inf (probability 0), among them the first that many threads
+// read, in 16-byte vectors (1,024 classes) and one at a time (1,001): the
+// kernel's loss and softmax - one_hot equal ATen's, finite.
+TEST_F(LinearCrossEntropyGpu, MinusInfinityLogitsHaveProbabilityZero) {
+  const torch::Device cuda(torch::kCUDA);
+  for (const int64_t classes : {1024, 1001}) {
+    SCOPED_TRACE(classes);
+    torch::manual_seed(3);
+    auto logits = torch::randn({6, classes}, cuda);
+    logits.masked_fill_(
+        torch::arange(classes, cuda).remainder(64) < 8,
+        -std::numeric_limits<float>::infinity());
+    // Targets among the finite logits.
+    const auto target =
+        (torch::randint(classes / 64, {6}, torch::kLong) * 64 + 9).to(cuda);
+    const auto expected_loss = torch::nn::functional::cross_entropy(
+        logits,
+        target,
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(
+            torch::kNone));
+    const auto expected_grad = torch::softmax(logits, 1) -
+        torch::one_hot(target, classes).to(torch::kFloat);
+    auto grad = logits.clone();
+    auto loss = torch::empty({6}, logits.options());
+    ASSERT_TRUE(
+        lamp::nn::detail::cuda_softmax_xent_grad_(grad, target, -100, loss));
+    EXPECT_LE(rel_error(loss, expected_loss), 1e-5);
+    EXPECT_LE(rel_error(grad, expected_grad), 1e-5);
+    EXPECT_TRUE(torch::isfinite(grad).all().item<bool>());
   }
 }
 
