@@ -71,10 +71,11 @@ __device__ MaxSum add(MaxSum a, float x) {
 }
 
 // add() of N values at once: their max first, then at most one rescale of
-// the sum and an exp each, with no branch an element (the per-element
-// branch of add() made the first pass compute-bound on GPT-2's rows).
-// NOTE: fmaxf skips a NaN, but its exp makes the sum NaN, so the row's loss
-// is NaN all the same.
+// the sum and an exp each, with no branch an element. (Measured on an H100
+// in a gpt2 step: 1.629 ms against add()'s 1.632 a step, the same: the
+// kernel is bound by its two reads and one write of the logits, not by the
+// branch.) NOTE: fmaxf skips a NaN, but its exp makes the sum NaN, so the
+// row's loss is NaN all the same.
 template <int N>
 __device__ MaxSum add_all(MaxSum a, const float (&x)[N]) {
   float m = a.max;
