@@ -267,31 +267,19 @@ inline lamp::TrainingState run_state(
   return state;
 }
 
-/// Unscales (a no-op without loss scaling) and clips the gradients of
-/// `optimizer` to `max_norm`, on the device: no host sync, graph-safe.
-inline void clip_gradients(
-    lamp::GradScaler& scaler,
-    torch::optim::Optimizer& optimizer,
-    double max_norm) {
-  if (max_norm <= 0) {
-    return;
-  }
-  scaler.unscale_(optimizer);
-  std::vector<torch::Tensor> params;
-  for (const auto& group : optimizer.param_groups()) {
-    params.insert(params.end(), group.params().begin(), group.params().end());
-  }
-  lamp::clip_grad_norm_(params, max_norm);
-}
-
 /// The end of every example's training step, after the scaled backward:
-/// clip (--clip-grad-norm), then the scaler's step and update.
+/// clip (--clip-grad-norm), then the scaler's step and update. The clip's
+/// scaling is done by a fused optimizer's step
+/// (GradScaler::clip_grad_norm_and_step).
 inline void step_optimizer(
     lamp::GradScaler& scaler,
     torch::optim::Optimizer& optimizer,
     double max_norm) {
-  clip_gradients(scaler, optimizer, max_norm);
-  scaler.step(optimizer);
+  if (max_norm > 0) {
+    scaler.clip_grad_norm_and_step(optimizer, max_norm);
+  } else {
+    scaler.step(optimizer);
+  }
   scaler.update();
 }
 

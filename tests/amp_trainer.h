@@ -57,6 +57,11 @@ struct AmpTrainer {
       loss = torch::cross_entropy_loss(net->forward(in[0]), in[1]);
     }
     scaler.scale(loss).backward();
+    if (clip_in_step > 0) {
+      norm = scaler.clip_grad_norm_and_step(*optimizer, clip_in_step);
+      scaler.update();
+      return loss;
+    }
     if (after_unscale) {
       scaler.unscale_(*optimizer);
       after_unscale();
@@ -85,6 +90,11 @@ struct AmpTrainer {
   // When set, step() unscales the gradients and calls it before the
   // optimizer's step (where a training loop clips).
   std::function<void()> after_unscale;
+  // When positive, step() ends with
+  // scaler.clip_grad_norm_and_step(*optimizer, clip_in_step) instead (the
+  // norm in `norm`).
+  double clip_in_step = 0;
+  torch::Tensor norm;
 };
 
 } // namespace lamp::test

@@ -123,6 +123,29 @@ class LAMP_API GradScaler {
   /// sync. At most once per optimizer between `update()`s.
   void step(torch::optim::Optimizer& optimizer);
 
+  /// `unscale_(optimizer)` (unless called), `lamp::clip_grad_norm_` of its
+  /// parameters to `max_norm`, then `step(optimizer)`: Python's
+  /// \code{.py}
+  ///   scaler.unscale_(optimizer)
+  ///   norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+  ///   scaler.step(optimizer)
+  /// \endcode
+  /// in one call that returns the norm (a device tensor). With a
+  /// `lamp::optim::FusedOptimizer` the clip's scaling is done by the step's
+  /// kernel (`FusedOptimizer::clip_grad_norm_and_step`): one pass over the
+  /// gradients fewer, no host sync. Disabled, it clips and steps. Call
+  /// `update()` after it, as after `step`.
+  ///
+  /// Example:
+  /// \code
+  ///   scaler.scale(loss).backward();
+  ///   torch::Tensor norm = scaler.clip_grad_norm_and_step(optimizer, 1.0);
+  ///   scaler.update();
+  /// \endcode
+  torch::Tensor clip_grad_norm_and_step(
+      torch::optim::Optimizer& optimizer,
+      double max_norm);
+
   /// Ends the iteration: backs off the scale if any optimizer stepped (or
   /// was unscaled) with inf/NaN gradients this iteration, else counts a
   /// clean step and grows the scale every `growth_interval` clean steps.

@@ -1,5 +1,6 @@
 #include <lamp/grad_scaler.h>
 
+#include <lamp/clip_grad.h>
 #include <lamp/config.h>
 #include <lamp/dist/process_group.h>
 #include <lamp/optim.h>
@@ -37,6 +38,19 @@ constexpr int64_t kLampStateVersion = 1;
 // `t` on `device`, copied only when it lives elsewhere (non-blocking).
 torch::Tensor on(const torch::Tensor& t, c10::Device device) {
   return t.device() == device ? t : t.to(device, t.scalar_type(), true);
+}
+
+// The devices' inf/NaN flags added up on the scale's device (what a fused
+// optimizer's step takes as found_inf); nullopt when none was recorded.
+std::optional<torch::Tensor> total_found_inf(
+    const std::vector<std::pair<c10::Device, torch::Tensor>>& per_device,
+    const torch::Tensor& scale) {
+  torch::Tensor found_inf;
+  for (const auto& [device, t] : per_device) {
+    const auto moved = on(t, scale.device());
+    found_inf = found_inf.defined() ? found_inf + moved : moved;
+  }
+  return found_inf.defined() ? std::optional(found_inf) : std::nullopt;
 }
 
 // Python's _MultiDeviceReplicator: one copy of a tensor per device, made on
@@ -284,18 +298,12 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
       }
       state->found_inf_per_device = unscale_grads_(optimizer, ones_, true);
     }
-    torch::Tensor found_inf;
-    for (const auto& [device, t] : state->found_inf_per_device) {
-      const auto moved = on(t, scale_.device());
-      found_inf = found_inf.defined() ? found_inf + moved : moved;
-    }
     std::optional<torch::Tensor> grad_scale;
     if (state->stage == Stage::kReady) {
       grad_scale = scale_;
     }
     fused->step_scaled(
-        grad_scale,
-        found_inf.defined() ? std::optional(found_inf) : std::nullopt);
+        grad_scale, total_found_inf(state->found_inf_per_device, scale_));
     state->stage = Stage::kStepped;
     return;
   }
@@ -328,6 +336,40 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
   }
   state->stage = Stage::kStepped;
+}
+
+torch::Tensor GradScaler::clip_grad_norm_and_step(
+    torch::optim::Optimizer& optimizer,
+    double max_norm) {
+  auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer);
+  if (options_.enabled()) {
+    check_scale("clip_grad_norm_and_step");
+    auto& state = state_of(optimizer);
+    TORCH_CHECK(
+        state.stage != Stage::kStepped,
+        "clip_grad_norm_and_step(): step() has already been called since "
+        "the last update().");
+    if (state.stage == Stage::kReady) {
+      // Keeping the sums: the clip's norm is then one small kernel.
+      unscale_checked_(optimizer, /*keep_sums=*/true);
+    }
+    if (fused) {
+      auto& unscaled = state_of(optimizer);
+      auto norm = fused->clip_grad_norm_and_step(
+          max_norm, total_found_inf(unscaled.found_inf_per_device, scale_));
+      unscaled.stage = Stage::kStepped;
+      return norm;
+    }
+  } else if (fused) {
+    return fused->clip_grad_norm_and_step(max_norm);
+  }
+  std::vector<torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups()) {
+    params.insert(params.end(), group.params().begin(), group.params().end());
+  }
+  auto norm = clip_grad_norm_(params, max_norm);
+  step(optimizer);
+  return norm;
 }
 
 void GradScaler::update(std::optional<double> new_scale) {

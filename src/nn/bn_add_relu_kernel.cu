@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  block_partials<kSums>(
-      sum, l, active, lane, row0, vec, a.channels, a.partials);
+  block_partials<kSums>(sum, l, a.channels, a.partials);
 }
 
 // Per channel: the blocks' partials (fold_partials), then dweight, dbias

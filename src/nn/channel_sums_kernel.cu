@@ -12,36 +12,52 @@ namespace lamp::nn::detail {
 namespace {
 
 // Per block and channel: the sum of the block's rows and, with kSums = 2,
-// of their squares.
+// of their squares. A thread's rows kUnroll at a time: their loads issued
+// together, then added in row order (one load in flight a thread left the
+// memory idle between them: GPT-2's bias gradients at ~60 % of its speed).
 template <typename T, int kSums>
 __global__ void __launch_bounds__(kReduceThreads)
     partial_sums_kernel(ChannelSumsArgs a, ReduceLayout l) {
+  constexpr int kUnroll = 4;
   const int64_t vectors = a.channels / kReduceVector;
   const int lane = threadIdx.x % l.lanes;
   const int row0 = threadIdx.x / l.lanes;
   const int64_t vec = static_cast<int64_t>(blockIdx.y) * l.lanes + lane;
   const bool active = row0 < l.rows_per_pass && vec < vectors;
   float sums[kSums][kReduceVector] = {};
-  if (active) {
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * l.rows_per_pass + row0;
-         r < a.rows;
-         r += static_cast<int64_t>(gridDim.x) * l.rows_per_pass) {
-      const uint4 raw = reinterpret_cast<const uint4*>(a.x)[r * vectors + vec];
-      T v[kReduceVector];
-      static_assert(sizeof(v) == sizeof(raw), "16 bytes");
-      memcpy(v, &raw, sizeof(raw));
+  auto add = [&](const uint4& raw) {
+    T v[kReduceVector];
+    static_assert(sizeof(v) == sizeof(raw), "16 bytes");
+    memcpy(v, &raw, sizeof(raw));
 #pragma unroll
-      for (int k = 0; k < kReduceVector; ++k) {
-        const float f = to_float(v[k]);
-        sums[0][k] += f;
-        if constexpr (kSums == 2) {
-          sums[kSums - 1][k] += f * f;
-        }
+    for (int k = 0; k < kReduceVector; ++k) {
+      const float f = to_float(v[k]);
+      sums[0][k] += f;
+      if constexpr (kSums == 2) {
+        sums[kSums - 1][k] += f * f;
       }
     }
+  };
+  if (active) {
+    const auto* x = reinterpret_cast<const uint4*>(a.x) + vec;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * l.rows_per_pass;
+    int64_t r = static_cast<int64_t>(blockIdx.x) * l.rows_per_pass + row0;
+    for (; r + (kUnroll - 1) * stride < a.rows; r += kUnroll * stride) {
+      uint4 raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        raw[u] = x[(r + u * stride) * vectors];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        add(raw[u]);
+      }
+    }
+    for (; r < a.rows; r += stride) {
+      add(x[r * vectors]);
+    }
   }
-  block_partials<kSums>(
-      sums, l, active, lane, row0, vec, a.channels, a.partials);
+  block_partials<kSums>(sums, l, a.channels, a.partials);
 }
 
 // Per channel: the blocks' partials, added in block order.

@@ -347,6 +347,32 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(
   }
 }
 
+// launch_clip_norm_divisor's second kernel, one block: scale_kernel's
+// norm and coefficient (the same sum in the same order), the coefficient
+// written as the divisor a fused optimizer's step takes.
+__global__ void __launch_bounds__(kThreads) norm_divisor_kernel(
+    const float* partials,
+    int blocks,
+    float max_norm,
+    void* norm_out,
+    ClipFormat norm_format,
+    float* divisor) {
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < blocks; i += kThreads) {
+    sum += __ldcg(partials + i);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    const float norm = sqrtf(sum);
+    const float coef = (1.f / (norm + 1e-6f)) * max_norm;
+    // 1 when not clipping (the step divides by 1: the gradient unchanged);
+    // a NaN norm gives NaN, an inf norm inf (inf gradients / inf = NaN,
+    // finite ones 0: the clip's inf * 0 and x * 0).
+    *divisor = 1.f / (coef > 1.f ? 1.f : coef);
+    store(reinterpret_cast<uintptr_t>(norm_out), norm_format, norm);
+  }
+}
+
 int64_t span_bytes(const ClipList& list, int t) {
   const auto begin = reinterpret_cast<uintptr_t>(list.data[t]);
   return static_cast<int64_t>(begin + list.bytes[t] - (begin & ~uintptr_t{15}));
@@ -521,6 +547,51 @@ cudaError_t launch_clip_scale(
             norm_format);
         first = false;
       });
+}
+
+cudaError_t launch_clip_norm_divisor(
+    ClipList* lists,
+    int count,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    float* divisor,
+    float* partials,
+    const float* kept_partials,
+    cudaStream_t stream) {
+  if (!valid(lists, count)) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t blocks = 0;
+  const float* sums = kept_partials;
+  if (sums == nullptr) {
+    const cudaError_t error = each_list(
+        lists,
+        count,
+        [&](ClipList& list,
+            unsigned grid,
+            int64_t chunk,
+            int64_t offset,
+            int64_t all) {
+          sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
+              list, chunk, partials + offset);
+          blocks = all;
+        });
+    if (error != cudaSuccess) {
+      return error;
+    }
+    sums = partials;
+  } else {
+    blocks = clip_grad_norm_blocks(lists, count);
+  }
+  norm_divisor_kernel<<<1, kThreads, 0, stream>>>(
+      sums,
+      static_cast<int>(blocks),
+      static_cast<float>(max_norm),
+      norm,
+      norm_format,
+      divisor);
+  return cudaGetLastError();
 }
 
 } // namespace lamp::detail

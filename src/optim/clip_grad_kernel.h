@@ -70,6 +70,24 @@ cudaError_t launch_clip_scale(
     const float* partials,
     cudaStream_t stream);
 
+// The total 2-norm as launch_clip_grad_norm computes it (bitwise), written
+// to *norm, and 1 / min(max_norm / (norm + 1e-6), 1) to *divisor (fp32),
+// the tensors left as they are: the clip's scaling is left to a step that
+// divides the gradients by *divisor as it reads them (the fused optimizers'
+// grad_scale). Two kernels, or one with `kept_partials` (what
+// launch_unscale_sum_squares wrote for the same lists, unchanged since;
+// `partials` then unused).
+cudaError_t launch_clip_norm_divisor(
+    ClipList* lists,
+    int count,
+    double max_norm,
+    void* norm,
+    ClipFormat norm_format,
+    float* divisor,
+    float* partials,
+    const float* kept_partials,
+    cudaStream_t stream);
+
 // The scratch `partials` needs for the lists: one float a thread block.
 int64_t clip_grad_norm_blocks(const ClipList* lists, int count);
 

@@ -191,19 +191,24 @@ int64_t clips_from_kept_sums() {
 #endif
 }
 
-std::optional<at::Tensor> fused_clip_grad_norm_(
-    const std::vector<at::Tensor>& grads,
-    double max_norm) {
 #if LAMP_WITH_CUDA
-  // Kept sums serve this clip or none (Note [Sums kept from the unscale]).
-  std::optional<KeptSums> sums = std::move(kept);
-  kept.reset();
+namespace {
+
+// The gradients as the kernels list them, and the norm's dtype (their
+// promoted one: Python stacks the per-group norms); nullopt where the
+// kernels do not apply (not all on one CUDA device, not dense, another
+// dtype).
+struct Listed {
+  ClipLists lists;
+  at::ScalarType dtype;
+};
+
+std::optional<Listed> list_grads(const std::vector<at::Tensor>& grads) {
   if (grads.empty() || !grads.front().is_cuda()) {
     return std::nullopt;
   }
   const auto device = grads.front().device();
-  ClipLists lists;
-  auto dtype = grads.front().scalar_type();
+  Listed out{{}, grads.front().scalar_type()};
   for (const auto& g : grads) {
     const auto t = g.scalar_type();
     if (g.device() != device || g.layout() != at::kStrided ||
@@ -211,19 +216,36 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
         (t != at::kFloat && t != at::kHalf && t != at::kBFloat16)) {
       return std::nullopt;
     }
-    // Python stacks the per-group norms: their dtypes promote.
-    dtype = c10::promoteTypes(dtype, t);
+    out.dtype = c10::promoteTypes(out.dtype, t);
     if (g.numel() == 0) {
       continue;
     }
-    lists.add(g.data_ptr(), g.numel() * g.element_size(), format_of(t));
+    out.lists.add(g.data_ptr(), g.numel() * g.element_size(), format_of(t));
   }
-  const c10::cuda::CUDAGuard on_device(device);
-  auto norm = at::empty({}, grads.front().options().dtype(dtype));
+  return out;
+}
+
+} // namespace
+#endif
+
+std::optional<at::Tensor> fused_clip_grad_norm_(
+    const std::vector<at::Tensor>& grads,
+    double max_norm) {
+#if LAMP_WITH_CUDA
+  // Kept sums serve this clip or none (Note [Sums kept from the unscale]).
+  std::optional<KeptSums> sums = std::move(kept);
+  kept.reset();
+  auto listed = list_grads(grads);
+  if (!listed) {
+    return std::nullopt;
+  }
+  auto& lists = listed->lists;
+  const c10::cuda::CUDAGuard on_device(grads.front().device());
+  auto norm = at::empty({}, grads.front().options().dtype(listed->dtype));
   if (lists.empty()) {
     return norm.zero_(); // every gradient is empty: norm 0, nothing to scale
   }
-  const ClipFormat norm_format = format_of(dtype);
+  const ClipFormat norm_format = format_of(listed->dtype);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (sums && same_as_kept(*sums, grads, lists, stream)) {
     C10_CUDA_CHECK(launch_clip_scale(
@@ -247,6 +269,49 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
       partials.mutable_data_ptr<float>(),
       stream));
   return norm;
+#else
+  (void)grads;
+  (void)max_norm;
+  return std::nullopt;
+#endif
+}
+
+std::optional<NormDivisor> fused_clip_norm_divisor(
+    const std::vector<at::Tensor>& grads,
+    double max_norm) {
+#if LAMP_WITH_CUDA
+  std::optional<KeptSums> sums = std::move(kept);
+  kept.reset();
+  auto listed = list_grads(grads);
+  if (!listed || listed->lists.empty()) {
+    return std::nullopt;
+  }
+  auto& lists = listed->lists;
+  const c10::cuda::CUDAGuard on_device(grads.front().device());
+  const auto options = grads.front().options();
+  NormDivisor out{
+      at::empty({}, options.dtype(listed->dtype)),
+      at::empty({}, options.dtype(at::kFloat))};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor partials;
+  const float* kept_partials = nullptr;
+  if (sums && same_as_kept(*sums, grads, lists, stream)) {
+    kept_partials = sums->partials.const_data_ptr<float>();
+    ++clips_from_kept;
+  } else {
+    partials = at::empty({lists.blocks()}, options.dtype(at::kFloat));
+  }
+  C10_CUDA_CHECK(launch_clip_norm_divisor(
+      lists.lists.data(),
+      lists.count(),
+      max_norm,
+      out.norm.data_ptr(),
+      format_of(listed->dtype),
+      out.divisor.mutable_data_ptr<float>(),
+      partials.defined() ? partials.mutable_data_ptr<float>() : nullptr,
+      kept_partials,
+      stream));
+  return out;
 #else
   (void)grads;
   (void)max_norm;

@@ -24,6 +24,19 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     const std::vector<at::Tensor>& grads,
     double max_norm);
 
+/// The total norm of `grads` (0-dim, their promoted dtype) and the divisor
+/// (0-dim fp32) `1 / min(max_norm / (norm + 1e-6), 1)`, on the device, the
+/// gradients left unscaled: a fused optimizer's step dividing them by it
+/// (its grad_scale) clips them. The norm is fused_clip_grad_norm_'s, bit
+/// for bit (from kept sums too). nullopt where fused_clip_grad_norm_ does
+/// not apply, or every gradient is empty.
+struct NormDivisor {
+  at::Tensor norm, divisor;
+};
+std::optional<NormDivisor> fused_clip_norm_divisor(
+    const std::vector<at::Tensor>& grads,
+    double max_norm);
+
 /// GradScaler's unscale of one group of gradients (one CUDA device, all
 /// fp32 or all fp16, dense): ATen's
 /// _amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)

@@ -321,7 +321,18 @@ TEST_F(ConvStatsGpu, ChannelSumsEqualFloat64SumsAndRepeat) {
   using lamp::nn::detail::channel_sums;
   torch::manual_seed(5);
   const std::vector<std::vector<int64_t>> shapes = {
-      {8, 64, 28, 28}, {4, 2048, 7, 7}, {3, 24, 5, 5}, {64, 256, 14, 14}};
+      {8, 64, 28, 28},
+      {4, 2048, 7, 7},
+      {3, 24, 5, 5},
+      {64, 256, 14, 14},
+      // Row widths whose vectors are no power of two (reduce_layout's
+      // lanes): GPT-2's 768 and 2304, gpt2-xl's 1600 (8 lanes) and 4800,
+      // and 2056 (257 vectors, odd: lanes a block wide and a chunk of 1).
+      {2048, 768, 1, 1},
+      {1000, 2304, 1, 1},
+      {512, 1600, 1, 1},
+      {300, 4800, 1, 1},
+      {700, 2056, 1, 1}};
   for (const auto dtype : {torch::kHalf, torch::kBFloat16}) {
     for (const auto& shape : shapes) {
       const auto x = (torch::randn(shape, torch::kCUDA) * 2 + 0.5)

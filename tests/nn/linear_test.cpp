@@ -199,6 +199,9 @@ TEST_F(LinearGpu, AtensOpsWithLampsBiasGradient) {
   };
   const std::vector<Case> cases = {
       {{4, 64, 96}, 256, torch::kBFloat16, true}, // GPT-like
+      {{4, 512, 64}, 2304, torch::kBFloat16, true}, // GPT-2's widths
+      {{4, 512, 64}, 768, torch::kBFloat16, true},
+      {{2, 300, 64}, 1600, torch::kHalf, true}, // gpt2-xl's
       {{4, 64, 96}, 256, torch::kHalf, true},
       {{300, 40}, 24, torch::kBFloat16, false}, // rank 2
       {{2, 3, 50, 40}, 24, torch::kHalf, false}, // rank 4

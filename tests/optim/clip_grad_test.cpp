@@ -391,7 +391,18 @@ const std::map<int, double> kAmpInject =
     {{3, kInf}, {4, NAN}, {17, kInf}, {18, -kInf}, {40, NAN}};
 constexpr double kAmpMaxNorm = 0.4;
 
-TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
+// Python's a == b within `rtol` (0: bit for bit); NaN equals NaN.
+bool close(double a, double b, double rtol) {
+  if (rtol == 0 || !std::isfinite(a) || !std::isfinite(b)) {
+    return same(a, b) || a == b;
+  }
+  return std::abs(a - b) <= rtol * std::max(1.0, std::abs(b));
+}
+
+// The oracle's AMP recipe (unscale_, clip_grad_norm_, step, update) in C++,
+// or with GradScaler::clip_grad_norm_and_step (`in_step`), against Python's:
+// the scales and skips exactly, norms and parameters within `rtol`.
+void expect_amp_recipe_matches_python(bool in_step, double rtol) {
   LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
   constexpr int kSteps = 100;
   torch::manual_seed(0);
@@ -416,9 +427,14 @@ TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
     if (kAmpInject.count(i)) {
       params[i % 4].grad().view({-1})[0].fill_(kAmpInject.at(i));
     }
-    scaler.unscale_(optimizer);
-    const auto norm = lamp::clip_grad_norm_(params, kAmpMaxNorm);
-    scaler.step(optimizer);
+    torch::Tensor norm;
+    if (in_step) {
+      norm = scaler.clip_grad_norm_and_step(optimizer, kAmpMaxNorm);
+    } else {
+      scaler.unscale_(optimizer);
+      norm = lamp::clip_grad_norm_(params, kAmpMaxNorm);
+      scaler.step(optimizer);
+    }
     scaler.update();
     steps.push_back(
         {scaler.get_scale(),
@@ -435,7 +451,7 @@ TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
       const auto& s = steps[step];
       EXPECT_EQ(s[0], std::strtod(f[2].c_str(), nullptr)) << "scale " << step;
       EXPECT_EQ(s[1], std::stod(f[3])) << "skip of step " << step;
-      EXPECT_TRUE(same(s[2], std::strtod(f[4].c_str(), nullptr)))
+      EXPECT_TRUE(close(s[2], std::strtod(f[4].c_str(), nullptr), rtol))
           << "norm of step " << step << ": C++ " << s[2] << ", Python " << f[4];
       clipped += s[2] > kAmpMaxNorm && std::isfinite(s[2]);
       skipped += s[1] != 0;
@@ -445,8 +461,9 @@ TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
       const auto got = values(params[param]);
       ASSERT_EQ(got.size(), f.size() - 2);
       for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_TRUE(same(got[i], std::strtod(f[i + 2].c_str(), nullptr)))
-            << "param " << param << "[" << i << "]";
+        EXPECT_TRUE(close(got[i], std::strtod(f[i + 2].c_str(), nullptr), rtol))
+            << "param " << param << "[" << i << "]: C++ " << got[i]
+            << ", Python " << f[i + 2];
       }
       ++param;
     }
@@ -459,6 +476,116 @@ TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
   for (const auto& p : params) {
     EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
   }
+}
+
+TEST(ClipGradAmp, GradScalerFusedAdamRecipeMatchesPython) {
+  expect_amp_recipe_matches_python(/*in_step=*/false, /*rtol=*/0);
+}
+
+// The clip's coefficient applied by the step's kernel as a divisor: the
+// same recipe within fp32 rounding, over 100 steps.
+TEST(ClipGradAmp, ClipInTheStepMatchesPythonWithinRounding) {
+  expect_amp_recipe_matches_python(/*in_step=*/true, /*rtol=*/1e-5);
+}
+
+// FusedOptimizer::clip_grad_norm_and_step against lamp::clip_grad_norm_ and
+// step (Python's, bit for bit on the CPU), for each fused optimizer, two
+// param groups, a weight listed twice (counted and stepped once), a
+// parameter without a gradient; clipping (within rounding) and not (the
+// divisor is 1: bit for bit). After the step the gradients hold what the
+// step used: clipped.
+TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
+  using torch::optim::OptimizerParamGroup;
+  auto make = [](int which,
+                 const std::vector<torch::Tensor>& a,
+                 const std::vector<torch::Tensor>& b)
+      -> std::unique_ptr<lamp::optim::FusedOptimizer> {
+    std::vector<OptimizerParamGroup> groups{
+        OptimizerParamGroup(a), OptimizerParamGroup(b)};
+    if (which == 0) {
+      return std::make_unique<lamp::optim::FusedAdamW>(
+          groups, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    }
+    if (which == 1) {
+      return std::make_unique<lamp::optim::FusedAdam>(
+          groups, torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+    }
+    return std::make_unique<lamp::optim::FusedSGD>(
+        groups, torch::optim::SGDOptions(1e-2).momentum(0.9));
+  };
+  for (int which = 0; which < 3; ++which) {
+    for (const double max_norm : {0.3, 1e6}) {
+      SCOPED_TRACE(
+          "optimizer " + std::to_string(which) + ", max_norm " +
+          std::to_string(max_norm));
+      // Two identical sets: clipped then stepped, and clipped in the step.
+      std::vector<std::vector<torch::Tensor>> sets;
+      for (int k = 0; k < 2; ++k) {
+        torch::manual_seed(1);
+        std::vector<torch::Tensor> ps;
+        for (const auto& shape :
+             std::vector<std::vector<int64_t>>{{8, 4}, {4}, {3, 3}, {5}}) {
+          ps.push_back(torch::randn(shape).requires_grad_());
+        }
+        sets.push_back(ps);
+      }
+      std::vector<std::unique_ptr<lamp::optim::FusedOptimizer>> opts;
+      for (auto& ps : sets) {
+        // ps[0] twice in the first group; ps[3] never gets a gradient.
+        opts.push_back(make(which, {ps[0], ps[1], ps[0]}, {ps[2], ps[3]}));
+      }
+      for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(10 + step);
+        const auto g = std::vector<torch::Tensor>{
+            torch::randn({8, 4}), torch::randn({4}), torch::randn({3, 3})};
+        for (auto& ps : sets) {
+          for (size_t i = 0; i < g.size(); ++i) {
+            ps[i].mutable_grad() = g[i].clone();
+          }
+        }
+        const auto expected = lamp::clip_grad_norm_(
+            {sets[0][0], sets[0][1], sets[0][2]}, max_norm);
+        opts[0]->step();
+        const auto norm = opts[1]->clip_grad_norm_and_step(max_norm);
+        if (step == 0) {
+          EXPECT_TRUE(torch::equal(norm, expected)) << "the same gradients";
+        }
+        EXPECT_TRUE(torch::allclose(norm, expected, 1e-6, 0));
+        for (size_t i = 0; i < 4; ++i) {
+          const auto& a = sets[0][i];
+          const auto& b = sets[1][i];
+          if (max_norm > 1e3) {
+            EXPECT_TRUE(torch::equal(a, b)) << "param " << i;
+          } else {
+            EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-7)) << "param " << i;
+          }
+          EXPECT_EQ(a.grad().defined(), b.grad().defined()) << i;
+          if (a.grad().defined()) {
+            EXPECT_TRUE(torch::allclose(a.grad(), b.grad(), 1e-6, 1e-7))
+                << "grad " << i;
+          }
+        }
+      }
+      EXPECT_TRUE(torch::equal(sets[1][3], sets[0][3])) << "no gradient";
+    }
+  }
+}
+
+TEST(ClipGrad, ClipInTheStepWithoutGradientsStillSteps) {
+  auto p = torch::ones({3}).requires_grad_();
+  lamp::optim::FusedAdamW optimizer({p}, torch::optim::AdamWOptions(0.1));
+  const auto norm = optimizer.clip_grad_norm_and_step(1.0);
+  EXPECT_EQ(norm.item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(p, torch::ones({3})));
+  // A disabled scaler clips and steps.
+  lamp::GradScaler scaler(lamp::GradScalerOptions().enabled(false));
+  p.mutable_grad() = torch::full({3}, 4.0);
+  lamp::optim::FusedAdamW twin_optimizer({p}, torch::optim::AdamWOptions(0.1));
+  const auto clipped = scaler.clip_grad_norm_and_step(twin_optimizer, 1.0);
+  EXPECT_NEAR(clipped.item<double>(), std::sqrt(48.0), 1e-5);
+  EXPECT_TRUE(
+      torch::allclose(p.grad(), torch::full({3}, 4.0 / std::sqrt(48.0))));
+  EXPECT_FALSE(torch::equal(p, torch::ones({3}))) << "it stepped";
 }
 
 // --- Behaviour --------------------------------------------------------------
@@ -678,19 +805,24 @@ struct MlpImpl : torch::nn::SequentialImpl {
   }
 };
 
-// An AMP training step that clips between unscale_ and step.
+// How an AMP training step clips: between unscale_ and step, by value or
+// by norm, or by norm in the step (GradScaler::clip_grad_norm_and_step).
+enum class Clip { kValue, kNorm, kNormInStep };
+
 struct ClippingTrainer : lamp::test::AmpTrainer<MlpImpl> {
-  explicit ClippingTrainer(bool by_value) {
-    after_unscale = [this, by_value] {
-      if (by_value) {
+  explicit ClippingTrainer(Clip clip) {
+    if (clip == Clip::kNormInStep) {
+      clip_in_step = 0.5;
+      return;
+    }
+    after_unscale = [this, clip] {
+      if (clip == Clip::kValue) {
         lamp::clip_grad_value_(net->parameters(), 1e-3);
       } else {
         norm = lamp::clip_grad_norm_(net->parameters(), 0.5);
       }
     };
   }
-
-  torch::Tensor norm; // the graph's output once captured
 };
 
 std::vector<std::vector<torch::Tensor>> clip_batches(int64_t n) {
@@ -709,9 +841,10 @@ std::vector<std::vector<torch::Tensor>> clip_batches(int64_t n) {
   return out;
 }
 
-void expect_graphed_clipping_matches_eager(bool by_value) {
+void expect_graphed_clipping_matches_eager(Clip clip) {
+  const bool by_value = clip == Clip::kValue;
   const auto data = clip_batches(12);
-  ClippingTrainer eager(by_value);
+  ClippingTrainer eager(clip);
   std::vector<double> eager_scales, eager_norms;
   for (const auto& batch : data) {
     eager.step(batch);
@@ -719,7 +852,7 @@ void expect_graphed_clipping_matches_eager(bool by_value) {
     eager_norms.push_back(by_value ? 0.0 : eager.norm.item<double>());
   }
 
-  ClippingTrainer graphed(by_value);
+  ClippingTrainer graphed(clip);
   lamp::GraphedStep step(
       [&](const std::vector<torch::Tensor>& in) { return graphed.step(in); },
       data[0],
@@ -755,11 +888,45 @@ void expect_graphed_clipping_matches_eager(bool by_value) {
 }
 
 TEST_F(ClipGradGpu, GraphedClipGradNormStepMatchesEager) {
-  expect_graphed_clipping_matches_eager(/*by_value=*/false);
+  expect_graphed_clipping_matches_eager(Clip::kNorm);
 }
 
 TEST_F(ClipGradGpu, GraphedClipGradValueStepMatchesEager) {
-  expect_graphed_clipping_matches_eager(/*by_value=*/true);
+  expect_graphed_clipping_matches_eager(Clip::kValue);
+}
+
+TEST_F(ClipGradGpu, GraphedClipInTheStepMatchesEager) {
+  expect_graphed_clipping_matches_eager(Clip::kNormInStep);
+}
+
+// GradScaler::clip_grad_norm_and_step on CUDA: the norm and the divisor
+// from lamp's clip kernels, the unscale's kept sums making the norm one
+// kernel; the same training as unscale_, clip_grad_norm_, step within
+// rounding, the same scales and skipped steps.
+TEST_F(ClipGradGpu, ClipInTheStepEqualsClipThenStep) {
+  const auto data = clip_batches(12);
+  ClippingTrainer clipped(Clip::kNorm), in_step(Clip::kNormInStep);
+  for (size_t i = 0; i < data.size(); ++i) {
+    clipped.step(data[i]);
+    const auto kept = lamp::detail::clips_from_kept_sums();
+    in_step.step(data[i]);
+    EXPECT_EQ(lamp::detail::clips_from_kept_sums(), kept + 1)
+        << "step " << i << " took the unscale's sums";
+    EXPECT_EQ(in_step.scaler.get_scale(), clipped.scaler.get_scale()) << i;
+    const double a = clipped.norm.item<double>();
+    const double b = in_step.norm.item<double>();
+    EXPECT_TRUE(
+        (std::isnan(a) && std::isnan(b)) || a == b ||
+        std::abs(a - b) <= 1e-5 * a)
+        << "norm of step " << i << ": " << a << " vs " << b;
+  }
+  const auto a = clipped.state();
+  const auto b = in_step.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::isfinite(b[i]).all().item<bool>()) << i;
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << "tensor #" << i;
+  }
 }
 
 // Parameters whose gradients are views at odd offsets of one buffer (dense
