@@ -249,6 +249,25 @@ __device__ float block_sum(float value) {
   return value; // thread 0's is the sum
 }
 
+// The total norm of all `blocks` partials (every block adds them, in the
+// same order) and Python's coefficient for it, (total_norm +
+// 1e-6).reciprocal() * max_norm clamped to 1 (a NaN stays NaN, as
+// at::clamp keeps it): thread 0's are the results.
+__device__ float norm_and_coef(
+    const float* partials,
+    int blocks,
+    float max_norm,
+    float& norm) {
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < blocks; i += kThreads) {
+    sum += __ldcg(partials + i);
+  }
+  sum = block_sum(sum);
+  norm = sqrtf(sum);
+  const float coef = (1.f / (norm + 1e-6f)) * max_norm;
+  return coef > 1.f ? 1.f : coef;
+}
+
 // First kernel: each block's sum of squares, in partials[block].
 __global__ void __launch_bounds__(kThreads)
     sum_squares_kernel(ClipList list, int64_t chunk, float* partials) {
@@ -317,17 +336,10 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(
     void* norm_out,
     ClipFormat norm_format) {
   __shared__ float coef_shared;
-  float sum = 0.f;
-  for (int i = threadIdx.x; i < blocks; i += kThreads) {
-    sum += __ldcg(partials + i);
-  }
-  sum = block_sum(sum);
+  float norm;
+  const float total_coef = norm_and_coef(partials, blocks, max_norm, norm);
   if (threadIdx.x == 0) {
-    const float norm = sqrtf(sum);
-    // Python: (total_norm + 1e-6).reciprocal() * max_norm, clamped to 1
-    // (a NaN stays NaN, as at::clamp keeps it).
-    const float coef = (1.f / (norm + 1e-6f)) * max_norm;
-    coef_shared = coef > 1.f ? 1.f : coef;
+    coef_shared = total_coef;
     if (blockIdx.x == 0 && norm_out != nullptr) {
       store(reinterpret_cast<uintptr_t>(norm_out), norm_format, norm);
     }
@@ -357,18 +369,13 @@ __global__ void __launch_bounds__(kThreads) norm_divisor_kernel(
     void* norm_out,
     ClipFormat norm_format,
     float* divisor) {
-  float sum = 0.f;
-  for (int i = threadIdx.x; i < blocks; i += kThreads) {
-    sum += __ldcg(partials + i);
-  }
-  sum = block_sum(sum);
+  float norm;
+  const float coef = norm_and_coef(partials, blocks, max_norm, norm);
   if (threadIdx.x == 0) {
-    const float norm = sqrtf(sum);
-    const float coef = (1.f / (norm + 1e-6f)) * max_norm;
     // 1 when not clipping (the step divides by 1: the gradient unchanged);
     // a NaN norm gives NaN, an inf norm inf (inf gradients / inf = NaN,
     // finite ones 0: the clip's inf * 0 and x * 0).
-    *divisor = 1.f / (coef > 1.f ? 1.f : coef);
+    *divisor = 1.f / coef;
     store(reinterpret_cast<uintptr_t>(norm_out), norm_format, norm);
   }
 }

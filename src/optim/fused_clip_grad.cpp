@@ -4,6 +4,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <utility>
+
 #if LAMP_WITH_CUDA
 #include "clip_grad_kernel.h"
 
@@ -225,6 +227,15 @@ std::optional<Listed> list_grads(const std::vector<at::Tensor>& grads) {
   return out;
 }
 
+// Both clips' start: the kept sums taken (they serve this clip or none,
+// Note [Sums kept from the unscale]) and the gradients listed.
+std::pair<std::optional<KeptSums>, std::optional<Listed>> take_kept_and_list(
+    const std::vector<at::Tensor>& grads) {
+  std::optional<KeptSums> sums = std::move(kept);
+  kept.reset();
+  return {std::move(sums), list_grads(grads)};
+}
+
 } // namespace
 #endif
 
@@ -232,10 +243,7 @@ std::optional<at::Tensor> fused_clip_grad_norm_(
     const std::vector<at::Tensor>& grads,
     double max_norm) {
 #if LAMP_WITH_CUDA
-  // Kept sums serve this clip or none (Note [Sums kept from the unscale]).
-  std::optional<KeptSums> sums = std::move(kept);
-  kept.reset();
-  auto listed = list_grads(grads);
+  auto [sums, listed] = take_kept_and_list(grads);
   if (!listed) {
     return std::nullopt;
   }
@@ -280,9 +288,7 @@ std::optional<NormDivisor> fused_clip_norm_divisor(
     const std::vector<at::Tensor>& grads,
     double max_norm) {
 #if LAMP_WITH_CUDA
-  std::optional<KeptSums> sums = std::move(kept);
-  kept.reset();
-  auto listed = list_grads(grads);
+  auto [sums, listed] = take_kept_and_list(grads);
   if (!listed || listed->lists.empty()) {
     return std::nullopt;
   }
