@@ -602,6 +602,25 @@ TEST(ClipGrad, ClipInTheStepEqualsClipThenStep) {
       torch::kCPU, torch::kFloat, /*scaler=*/true);
 }
 
+// As step(): once between update()s, and after it the next iteration.
+TEST(ClipGrad, ClipInTheStepTwiceBeforeUpdateIsAnError) {
+  auto p = torch::ones({3}).requires_grad_();
+  lamp::optim::FusedAdamW optimizer({p}, torch::optim::AdamWOptions(0.1));
+  lamp::GradScaler scaler(lamp::GradScalerOptions().init_scale(2.0));
+  scaler.scale(p.sum()).backward();
+  (void)scaler.clip_grad_norm_and_step(optimizer, 1.0);
+  expect_error(
+      [&] { (void)scaler.clip_grad_norm_and_step(optimizer, 1.0); },
+      "step() has already been called since the last update()");
+  expect_error(
+      [&] { scaler.step(optimizer); },
+      "step() has already been called since the last update()");
+  scaler.update();
+  optimizer.zero_grad();
+  scaler.scale(p.sum()).backward();
+  EXPECT_NO_THROW((void)scaler.clip_grad_norm_and_step(optimizer, 1.0));
+}
+
 TEST(ClipGrad, ClipInTheStepWithoutGradientsStillSteps) {
   auto p = torch::ones({3}).requires_grad_();
   lamp::optim::FusedAdamW optimizer({p}, torch::optim::AdamWOptions(0.1));
