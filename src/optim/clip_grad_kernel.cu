@@ -450,6 +450,26 @@ cudaError_t each_list(ClipList* lists, int count, const Launch& launch) {
   return cudaSuccess;
 }
 
+// The first kernel over every list: each block's sum of squares in
+// partials (the lists' blocks one after another).
+cudaError_t launch_sum_squares(
+    ClipList* lists,
+    int count,
+    float* partials,
+    cudaStream_t stream) {
+  return each_list(
+      lists,
+      count,
+      [&](ClipList& list,
+          unsigned grid,
+          int64_t chunk,
+          int64_t offset,
+          int64_t) {
+        sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
+            list, chunk, partials + offset);
+      });
+}
+
 } // namespace
 
 int64_t clip_grad_norm_blocks(const ClipList* lists, int count) {
@@ -474,17 +494,7 @@ cudaError_t launch_clip_grad_norm(
   if (!valid(lists, count)) {
     return cudaErrorInvalidValue;
   }
-  const cudaError_t error = each_list(
-      lists,
-      count,
-      [&](ClipList& list,
-          unsigned grid,
-          int64_t chunk,
-          int64_t offset,
-          int64_t) {
-        sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
-            list, chunk, partials + offset);
-      });
+  const cudaError_t error = launch_sum_squares(lists, count, partials, stream);
   if (error != cudaSuccess) {
     return error;
   }
@@ -569,31 +579,18 @@ cudaError_t launch_clip_norm_divisor(
   if (!valid(lists, count)) {
     return cudaErrorInvalidValue;
   }
-  int64_t blocks = 0;
   const float* sums = kept_partials;
   if (sums == nullptr) {
-    const cudaError_t error = each_list(
-        lists,
-        count,
-        [&](ClipList& list,
-            unsigned grid,
-            int64_t chunk,
-            int64_t offset,
-            int64_t all) {
-          sum_squares_kernel<<<grid, kThreads, 0, stream>>>(
-              list, chunk, partials + offset);
-          blocks = all;
-        });
+    const cudaError_t error =
+        launch_sum_squares(lists, count, partials, stream);
     if (error != cudaSuccess) {
       return error;
     }
     sums = partials;
-  } else {
-    blocks = clip_grad_norm_blocks(lists, count);
   }
   norm_divisor_kernel<<<1, kThreads, 0, stream>>>(
       sums,
-      static_cast<int>(blocks),
+      static_cast<int>(clip_grad_norm_blocks(lists, count)),
       static_cast<float>(max_norm),
       norm,
       norm_format,
