@@ -5,6 +5,8 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
+#include <map>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -40,39 +42,26 @@ namespace {
 
 constexpr int64_t kLampStateVersion = 1;
 
-std::mutex& registry_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-using Registry = std::vector<std::pair<
-    const torch::optim::Optimizer*,
-    std::weak_ptr<detail::InitialLrs>>>;
+// See the Note above: the entry of each optimizer that has a scheduler.
+struct Registry {
+  std::mutex mutex;
+  std::map<const torch::optim::Optimizer*, std::weak_ptr<detail::InitialLrs>>
+      entries;
+};
 
 Registry& registry() {
-  static Registry entries;
-  return entries;
+  static Registry registry;
+  return registry;
 }
 
 // The optimizer's entry (created when none is alive). Caller holds the lock.
 std::shared_ptr<detail::InitialLrs> acquire_initial_lrs(
     const torch::optim::Optimizer& optimizer) {
-  auto& entries = registry();
-  std::shared_ptr<detail::InitialLrs> found;
-  for (auto it = entries.begin(); it != entries.end();) {
-    auto alive = it->second.lock();
-    if (!alive) {
-      it = entries.erase(it);
-      continue;
-    }
-    if (it->first == &optimizer) {
-      found = std::move(alive);
-    }
-    ++it;
-  }
+  auto& entry = registry().entries[&optimizer];
+  auto found = entry.lock();
   if (!found) {
     found = std::make_shared<detail::InitialLrs>();
-    entries.emplace_back(&optimizer, found);
+    entry = found;
   }
   return found;
 }
@@ -83,60 +72,56 @@ LRScheduler::LRScheduler(
     torch::optim::Optimizer& optimizer,
     int64_t last_epoch,
     std::optional<std::vector<double>> initial_lrs)
-    : last_epoch_(last_epoch), optimizer_(optimizer) {
+    : LRScheduler(optimizer, NoInit{}) {
+  last_epoch_ = last_epoch;
   auto& groups = optimizer.param_groups();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  initial_lrs_ = acquire_initial_lrs(optimizer);
+  TORCH_INTERNAL_ASSERT(!initial_lrs || initial_lrs->size() == groups.size());
+  std::lock_guard<std::mutex> lock(registry().mutex);
   auto& values = initial_lrs_->values;
-  if (values.size() < groups.size()) {
-    values.resize(groups.size());
-  }
-  if (initial_lrs) {
-    TORCH_INTERNAL_ASSERT(initial_lrs->size() == groups.size());
-    for (size_t i = 0; i < groups.size(); ++i) {
+  values.resize(std::max(values.size(), groups.size()));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (initial_lrs) {
       values[i] = (*initial_lrs)[i];
     }
-  }
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (last_epoch == -1) {
-      if (!values[i]) {
-        values[i] = groups[i].options().get_lr();
-      }
-    } else {
-      TORCH_CHECK(
-          values[i].has_value(),
-          "param 'initial_lr' is not specified in param_groups[",
-          i,
-          "] when resuming scheduler with last_epoch >= 0.\n"
-          "This typically happens when:\n"
-          "1. You're trying to resume training from a checkpoint but haven't "
-          "properly loaded the optimizer state\n"
-          "2. You're using last_epoch >= 0 for a fresh training run (not "
-          "recommended)\n"
-          "lamp keeps initial_lr beside the optimizer only while a scheduler "
-          "of it is alive; to resume, construct the scheduler with "
-          "last_epoch = -1 and call load_state_dict() (or torch::load).");
+    if (last_epoch == -1 && !values[i]) {
+      values[i] = groups[i].options().get_lr();
     }
+    TORCH_CHECK(
+        values[i].has_value(),
+        "param 'initial_lr' is not specified in param_groups[",
+        i,
+        "] when resuming scheduler with last_epoch >= 0.\n"
+        "This typically happens when:\n"
+        "1. You're trying to resume training from a checkpoint but haven't "
+        "properly loaded the optimizer state\n"
+        "2. You're using last_epoch >= 0 for a fresh training run (not "
+        "recommended)\n"
+        "lamp keeps initial_lr beside the optimizer only while a scheduler "
+        "of it is alive; to resume, construct the scheduler with "
+        "last_epoch = -1 and call load_state_dict() (or torch::load).");
     base_lrs_.push_back(*values[i]);
   }
 }
 
 LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, NoInit)
     : optimizer_(optimizer) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::lock_guard<std::mutex> lock(registry().mutex);
   initial_lrs_ = acquire_initial_lrs(optimizer);
 }
 
 LRScheduler::~LRScheduler() {
-  // Drop the reference under the lock: acquire_initial_lrs() reads the
-  // weak_ptrs.
-  std::lock_guard<std::mutex> lock(registry_mutex());
+  // Under the lock: acquire_initial_lrs() reads the weak_ptrs. The last
+  // scheduler of an optimizer removes its entry.
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  if (initial_lrs_.use_count() == 1) {
+    registry().entries.erase(&optimizer_);
+  }
   initial_lrs_.reset();
 }
 
 std::vector<double> LRScheduler::initial_lrs() const {
   const auto& groups = optimizer_.param_groups();
-  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::lock_guard<std::mutex> lock(registry().mutex);
   const auto& values = initial_lrs_->values;
   std::vector<double> out;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -212,44 +197,6 @@ void LRScheduler::update_lr(std::optional<int64_t> epoch) {
   last_lr_ = group_lrs();
 }
 
-LRScheduler::StateField& LRScheduler::StateField::integral() {
-  is_integral = true;
-  return *this;
-}
-
-LRScheduler::StateField& LRScheduler::StateField::or_false() {
-  is_or_false = true;
-  return *this;
-}
-
-LRScheduler::StateField& LRScheduler::StateField::at_least(
-    int64_t min,
-    std::string description) {
-  valid = [min](const Value& v) { return std::get<int64_t>(v) >= min; };
-  expected = std::move(description);
-  return *this;
-}
-
-LRScheduler::StateField& LRScheduler::StateField::one_of(
-    const std::string& a,
-    const std::string& b) {
-  valid = [a, b](const Value& v) {
-    return std::get<std::string>(v) == a || std::get<std::string>(v) == b;
-  };
-  expected = "'" + a + "' or '" + b + "'";
-  return *this;
-}
-
-LRScheduler::StateField& LRScheduler::StateField::of_size(
-    size_t size,
-    std::string description) {
-  valid = [size](const Value& v) {
-    return std::get<std::vector<int64_t>>(v).size() == size;
-  };
-  expected = std::move(description);
-  return *this;
-}
-
 std::vector<LRScheduler::StateField> LRScheduler::state_fields() {
   return {
       {"base_lrs", &base_lrs_},
@@ -272,22 +219,16 @@ void LRScheduler::append_state(StateDict& state) const {
   // NOTE: state_fields() hands out pointers to members for loading too;
   // here they are only read.
   for (const auto& field : const_cast<LRScheduler*>(this)->state_fields()) {
-    if (field.save) {
-      if (auto value = field.save()) {
-        state.insert(field.key, std::move(*value));
-      }
-      continue;
+    auto value = field.save
+        ? field.save()
+        : std::visit(
+              [](auto* member) {
+                return std::optional(detail::to_ivalue(*member));
+              },
+              field.member);
+    if (value) {
+      state.insert(field.key, std::move(*value));
     }
-    state.insert(
-        field.key,
-        std::visit(
-            [](auto member) -> c10::IValue {
-              if constexpr (std::is_pointer_v<decltype(member)>) {
-                return detail::to_ivalue(*member);
-              }
-              return {};
-            },
-            field.member));
   }
 }
 
@@ -300,10 +241,9 @@ LRScheduler::StateDict LRScheduler::state_dict() const {
 std::function<void()> LRScheduler::check_state_dict(
     const c10::impl::GenericDict& state,
     const std::string& where) {
-  detail::StateReader reader(state, where);
-  const size_t groups = optimizer_.param_groups().size();
-  auto fields = state_fields();
-  std::vector<StateField::Value> values;
+  detail::StateReader reader(state, where, optimizer_.param_groups().size());
+  const auto fields = state_fields();
+  std::vector<std::function<void()>> apply;
   // NOTE: the extra checks of consecutive fields run once all of them are
   // read (CosineAnnealingWarmRestarts reads T_0, T_i and T_mult, then checks
   // their values): this order decides which error a state with several
@@ -312,62 +252,38 @@ std::function<void()> LRScheduler::check_state_dict(
   auto check_up_to = [&](size_t end) {
     for (; checked < end; ++checked) {
       const auto& field = fields[checked];
-      if (field.valid && !field.valid(values[checked])) {
-        reader.fail(
-            field.key, field.expected, detail::describe(values[checked]));
+      if (field.valid && !field.valid(reader.at(field.key))) {
+        const auto found = detail::describe(reader.at(field.key));
+        reader.fail(field.key, field.expected, found);
       }
     }
   };
+  // A member's key: its value, assigned by `apply`.
+  auto read = [&](const StateField& field, auto* member) {
+    using T = std::remove_pointer_t<decltype(member)>;
+    T value{}; // an or_false key that is missing: false
+    if constexpr (std::is_same_v<T, int64_t>) {
+      value = field.is_integral ? reader.get_integral(field.key)
+                                : reader.get<T>(field.key);
+    } else if (!field.is_or_false || reader.has(field.key)) {
+      value = reader.get<T>(field.key);
+    }
+    return std::function<void()>([member, value] { *member = value; });
+  };
   for (const auto& field : fields) {
     if (!field.valid) {
-      check_up_to(values.size());
+      check_up_to(apply.size());
     }
-    if (field.check) {
-      values.push_back(field.check(reader));
-      continue;
-    }
-    values.push_back(std::visit(
-        [&](auto member) -> StateField::Value {
-          using T = std::remove_pointer_t<decltype(member)>;
-          const std::string key = field.key;
-          if constexpr (std::is_same_v<T, std::monostate>) {
-            TORCH_INTERNAL_ASSERT(false, key, " has no member and no check");
-            return StateField::Value();
-          } else if constexpr (std::is_same_v<T, int64_t>) {
-            return field.is_integral ? reader.get_integral(key)
-                                     : reader.get_int(key);
-          } else if constexpr (std::is_same_v<T, bool>) {
-            return field.is_or_false ? reader.get_bool_or(key, false)
-                                     : reader.get_bool(key);
-          } else if constexpr (std::is_same_v<T, std::vector<double>>) {
-            return reader.get_double_list(key, groups);
-          } else if constexpr (std::is_same_v<T, double>) {
-            return reader.get_double(key);
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            return reader.get_string(key);
-          } else if constexpr (std::is_same_v<T, std::optional<double>>) {
-            return reader.get_optional_double(key);
-          } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-            return reader.get_int_list(key);
-          } else {
-            return reader.get_counter(key);
-          }
-        },
-        field.member));
+    apply.push_back(
+        field.check ? field.check(reader)
+                    : std::visit(
+                          [&](auto* member) { return read(field, member); },
+                          field.member));
   }
   check_up_to(fields.size());
-  return [fields = std::move(fields), values = std::move(values)]() mutable {
-    for (size_t i = 0; i < fields.size(); ++i) {
-      std::visit(
-          [&](auto member) {
-            if constexpr (std::is_pointer_v<decltype(member)>) {
-              using T = std::remove_pointer_t<decltype(member)>;
-              *member = std::get<T>(std::move(values[i]));
-            } else {
-              std::get<std::function<void()>>(values[i])();
-            }
-          },
-          fields[i].member);
+  return [apply = std::move(apply)] {
+    for (const auto& f : apply) {
+      f();
     }
   };
 }

@@ -373,10 +373,10 @@ std::vector<LRScheduler::StateField> OneCycleLR::state_fields() {
           dicts[i],
           reader.where() + ": _schedule_phases[" + std::to_string(i) + "]");
       Phase phase;
-      phase.end_step = phase_reader.get_double("end_step");
-      phase.end_step_is_int = phase_reader.get("end_step").isInt();
+      phase.end_step = phase_reader.get<double>("end_step");
+      phase.end_step_is_int = phase_reader.at("end_step").isInt();
       for (auto [key, value] : names(phase)) {
-        *value = phase_reader.get_string(key);
+        *value = phase_reader.get<std::string>(key);
         if (!is_phase_value(*value)) {
           phase_reader.fail(
               key,
@@ -398,10 +398,10 @@ std::vector<LRScheduler::StateField> OneCycleLR::state_fields() {
   };
   auto check_beta1 =
       [this](const detail::StateReader& reader) -> std::function<void()> {
-    if (!reader.get_bool("cycle_momentum")) {
+    if (!reader.get<bool>("cycle_momentum")) {
       return [] {};
     }
-    const bool use_beta1 = reader.get_bool("use_beta1");
+    const bool use_beta1 = reader.get<bool>("use_beta1");
     const auto kind = momentum_kind(optimizer().defaults());
     if (kind != (use_beta1 ? MomentumKind::kBeta1 : MomentumKind::kMomentum)) {
       reader.fail(

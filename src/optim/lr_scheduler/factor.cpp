@@ -45,7 +45,7 @@ std::vector<LRLambda> lambdas_per_group(
 // Python's `lr_lambdas` entry of the state dict: a list of None (lamp's
 // functions have no state), one per lambda.
 void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
-  const auto& value = reader.get("lr_lambdas");
+  const auto& value = reader.at("lr_lambdas");
   const std::string expected =
       "a list of " + std::to_string(count) + " None (one per lambda)";
   if (!value.isList()) {

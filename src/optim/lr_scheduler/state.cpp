@@ -5,10 +5,64 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
+#include <type_traits>
 
-namespace lamp::optim::detail {
+namespace lamp::optim {
+
+namespace {
+
+// A float or an int as a double; nullopt for other types.
+std::optional<double> as_double(const c10::IValue& value) {
+  if (value.isDouble()) {
+    return value.toDouble();
+  }
+  return value.isInt() ? std::optional<double>(value.toInt()) : std::nullopt;
+}
+
+// An int, or a float checked by get_integral, as an int.
+int64_t as_int(const c10::IValue& value) {
+  return value.isInt() ? value.toInt() : static_cast<int64_t>(value.toDouble());
+}
+
+} // namespace
+
+LRScheduler::StateField& LRScheduler::StateField::integral() {
+  is_integral = true;
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::or_false() {
+  is_or_false = true;
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::at_least(
+    int64_t min,
+    std::string description) {
+  valid = [min](const c10::IValue& v) { return as_int(v) >= min; };
+  expected = std::move(description);
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::one_of(
+    const std::string& a,
+    const std::string& b) {
+  valid = [a, b](const c10::IValue& v) {
+    return v.toStringRef() == a || v.toStringRef() == b;
+  };
+  expected = "'" + a + "' or '" + b + "'";
+  return *this;
+}
+
+LRScheduler::StateField& LRScheduler::StateField::of_size(
+    size_t size,
+    std::string description) {
+  valid = [size](const c10::IValue& v) { return v.toListRef().size() == size; };
+  expected = std::move(description);
+  return *this;
+}
+
+namespace detail {
 
 std::string python_type_name(const c10::IValue& value) {
   static const std::pair<bool (c10::IValue::*)() const, const char*> kNames[] =
@@ -29,14 +83,14 @@ std::string python_type_name(const c10::IValue& value) {
   return value.tagKind();
 }
 
-std::optional<double> as_double(const c10::IValue& value) {
-  if (value.isDouble()) {
-    return value.toDouble();
+std::string describe(const c10::IValue& value) {
+  if (value.isString()) {
+    return "'" + value.toStringRef() + "'";
   }
-  if (value.isInt()) {
-    return static_cast<double>(value.toInt());
+  if (value.isList()) {
+    return "a list of " + std::to_string(value.toListRef().size());
   }
-  return std::nullopt;
+  return std::to_string(as_int(value));
 }
 
 void StateReader::fail(
@@ -45,21 +99,11 @@ void StateReader::fail(
     const std::string& found) const {
   TORCH_CHECK(
       false,
-      where_,
-      ": key '",
-      key,
-      "': expected ",
-      expected,
-      ", found ",
-      found,
-      ". Nothing was loaded.");
+      where_ + ": key '" + key + "': expected " + expected + ", found " +
+          found + ". Nothing was loaded.");
 }
 
-bool StateReader::has(const std::string& key) const {
-  return state_.contains(c10::IValue(key));
-}
-
-const c10::IValue& StateReader::get(const std::string& key) const {
+const c10::IValue& StateReader::at(const std::string& key) const {
   auto it = state_.find(c10::IValue(key));
   if (it == state_.end()) {
     fail(key, "a value", "no such key (missing)");
@@ -71,7 +115,7 @@ const c10::IValue& StateReader::get_if(
     const std::string& key,
     const std::string& expected,
     bool (c10::IValue::*is)() const) const {
-  const auto& value = get(key);
+  const auto& value = at(key);
   if (!(value.*is)()) {
     fail(key, expected, python_type_name(value));
   }
@@ -89,7 +133,6 @@ std::vector<T> StateReader::get_list(
     fail(key, expected, "a list of " + std::to_string(list.size()));
   }
   std::vector<T> out;
-  out.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
     std::optional<T> v = convert(list[i]);
     if (!v) {
@@ -104,12 +147,68 @@ std::vector<T> StateReader::get_list(
   return out;
 }
 
-int64_t StateReader::get_int(const std::string& key) const {
-  return get_if(key, "an int", &c10::IValue::isInt).toInt();
+template <typename T>
+T StateReader::get(const std::string& key) const {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return get_if(key, "an int", &c10::IValue::isInt).toInt();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return get_if(key, "a bool", &c10::IValue::isBool).toBool();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return get_if(key, "a str", &c10::IValue::isString).toStringRef();
+  } else if constexpr (std::is_same_v<T, double>) {
+    const auto value = as_double(at(key));
+    if (!value) {
+      fail(key, "a float", python_type_name(at(key)));
+    }
+    return *value;
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    const auto value = as_double(at(key));
+    if (!value && !at(key).isNone()) {
+      fail(key, "a float or None", python_type_name(at(key)));
+    }
+    return value;
+  } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+    return get_list<double>(
+        key,
+        "a list of " + std::to_string(groups_) +
+            " floats (one per param group)",
+        groups_,
+        as_double);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return get_list<int64_t>(
+        key, "a list of ints", std::nullopt, [](const c10::IValue& v) {
+          return v.isInt() ? std::optional<int64_t>(v.toInt()) : std::nullopt;
+        });
+  } else {
+    const std::string expected = "a dict int -> int (milestone -> count)";
+    T out;
+    for (const auto& entry :
+         get_if(key, expected, &c10::IValue::isGenericDict).toGenericDict()) {
+      if (!entry.key().isInt() || !entry.value().isInt()) {
+        fail(
+            key,
+            expected,
+            "an entry " + python_type_name(entry.key()) + " -> " +
+                python_type_name(entry.value()));
+      }
+      out.emplace_back(entry.key().toInt(), entry.value().toInt());
+    }
+    return out;
+  }
 }
 
+template int64_t StateReader::get(const std::string&) const;
+template double StateReader::get(const std::string&) const;
+template bool StateReader::get(const std::string&) const;
+template std::string StateReader::get(const std::string&) const;
+template std::optional<double> StateReader::get(const std::string&) const;
+template std::vector<double> StateReader::get(const std::string&) const;
+template std::vector<int64_t> StateReader::get(const std::string&) const;
+template std::vector<std::pair<int64_t, int64_t>> StateReader::get(
+    const std::string&) const;
+
 int64_t StateReader::get_integral(const std::string& key) const {
-  const auto& value = get(key);
+  const auto& value = at(key);
   if (value.isInt()) {
     return value.toInt();
   }
@@ -122,77 +221,6 @@ int64_t StateReader::get_integral(const std::string& key) const {
       "an int",
       value.isDouble() ? "float " + lamp::detail::python_repr(value.toDouble())
                        : python_type_name(value));
-}
-
-double StateReader::get_double(const std::string& key) const {
-  const auto& value = get(key);
-  auto out = as_double(value);
-  if (!out) {
-    fail(key, "a float", python_type_name(value));
-  }
-  return *out;
-}
-
-bool StateReader::get_bool(const std::string& key) const {
-  return get_if(key, "a bool", &c10::IValue::isBool).toBool();
-}
-
-bool StateReader::get_bool_or(const std::string& key, bool fallback) const {
-  return has(key) ? get_bool(key) : fallback;
-}
-
-std::string StateReader::get_string(const std::string& key) const {
-  return get_if(key, "a str", &c10::IValue::isString).toStringRef();
-}
-
-std::optional<double> StateReader::get_optional_double(
-    const std::string& key) const {
-  const auto& value = get(key);
-  if (value.isNone()) {
-    return std::nullopt;
-  }
-  auto out = as_double(value);
-  if (!out) {
-    fail(key, "a float or None", python_type_name(value));
-  }
-  return out;
-}
-
-std::vector<double> StateReader::get_double_list(
-    const std::string& key,
-    std::optional<size_t> size) const {
-  return get_list<double>(
-      key,
-      size ? "a list of " + std::to_string(*size) +
-              " floats (one per param group)"
-           : std::string("a list of floats"),
-      size,
-      as_double);
-}
-
-std::vector<int64_t> StateReader::get_int_list(const std::string& key) const {
-  return get_list<int64_t>(
-      key, "a list of ints", std::nullopt, [](const c10::IValue& v) {
-        return v.isInt() ? std::optional<int64_t>(v.toInt()) : std::nullopt;
-      });
-}
-
-std::vector<std::pair<int64_t, int64_t>> StateReader::get_counter(
-    const std::string& key) const {
-  const std::string expected = "a dict int -> int (milestone -> count)";
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (const auto& entry :
-       get_if(key, expected, &c10::IValue::isGenericDict).toGenericDict()) {
-    if (!entry.key().isInt() || !entry.value().isInt()) {
-      fail(
-          key,
-          expected,
-          "an entry " + python_type_name(entry.key()) + " -> " +
-              python_type_name(entry.value()));
-    }
-    out.emplace_back(entry.key().toInt(), entry.value().toInt());
-  }
-  return out;
 }
 
 std::vector<c10::impl::GenericDict> StateReader::get_dict_list(
@@ -210,4 +238,5 @@ std::vector<c10::impl::GenericDict> StateReader::get_dict_list(
       });
 }
 
-} // namespace lamp::optim::detail
+} // namespace detail
+} // namespace lamp::optim

@@ -1,7 +1,8 @@
 #pragma once
 
 // Reading and writing the schedulers' state dicts (Python's key -> value
-// dicts as IValues). Internal to lamp.
+// dicts as IValues), and the formulas several schedulers share. Internal to
+// lamp.
 
 #include <lamp/lr_scheduler/base.h>
 
@@ -14,7 +15,6 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -28,10 +28,9 @@ class StateReader;
 /// One key of a scheduler's state dict and the member that holds it (see
 /// `state_fields()`). A `std::vector<double>` holds one value per param
 /// group; pairs are a dict int -> int (Python's Counter of milestones).
-/// A key of another shape is written and read by its own functions.
+/// A key of another shape has its own `save` and `check` instead.
 struct LRScheduler::StateField {
   using Member = std::variant<
-      std::monostate, // a key with its own `save` and `check`
       int64_t*,
       double*,
       bool*,
@@ -40,17 +39,6 @@ struct LRScheduler::StateField {
       std::vector<double>*,
       std::vector<int64_t>*,
       std::vector<std::pair<int64_t, int64_t>>*>;
-  /// A loaded value, of the type `member` points to.
-  using Value = std::variant<
-      int64_t,
-      double,
-      bool,
-      std::string,
-      std::optional<double>,
-      std::vector<double>,
-      std::vector<int64_t>,
-      std::vector<std::pair<int64_t, int64_t>>,
-      std::function<void()>>; // applies a key with its own `check`
   /// The value of a key with its own functions; nullopt: no such key.
   using Save = std::function<std::optional<c10::IValue>()>;
   /// Reads and checks such a key; returns what applies it (cannot throw).
@@ -78,8 +66,8 @@ struct LRScheduler::StateField {
   Check check;
   bool is_integral = false;
   bool is_or_false = false;
-  /// The extra requirement on a loaded value, if any, and its description.
-  std::function<bool(const Value&)> valid;
+  /// The extra requirement on the stored value once its type is checked.
+  std::function<bool(const c10::IValue&)> valid;
   std::string expected;
 };
 
@@ -96,9 +84,8 @@ inline std::vector<double> times(std::vector<double> lrs, double factor) {
   return lrs;
 }
 
-/// Python's cosine annealing from `base_lr` to `eta_min`, at `cur` of `T`:
-/// `eta_min + (base_lr - eta_min) * (1 + cos(pi * cur / T)) / 2`, one per
-/// base lr, in Python's order of operations.
+/// Python's cosine annealing from each base lr to `eta_min` at `cur` of `T`,
+/// in Python's order of operations.
 inline std::vector<double> cosine_anneal(
     std::vector<double> base_lrs,
     double eta_min,
@@ -116,9 +103,8 @@ inline void check_positive(const char* name, int64_t value) {
       value > 0, "Expected positive integer ", name, ", but got ", value);
 }
 
-/// A value of a state dict as Python holds it: ints, floats, bools and strs
-/// as themselves, None for nullopt, lists as generic lists (as Python's
-/// unpickle).
+/// A value of a state dict as Python holds it: None for nullopt, lists as
+/// generic lists (as Python's unpickle), a Counter as a dict int -> int.
 template <typename T>
 c10::IValue to_ivalue(const T& value) {
   return value;
@@ -129,14 +115,11 @@ inline c10::IValue to_ivalue(const std::optional<double>& value) {
 template <typename T>
 c10::IValue to_ivalue(const std::vector<T>& values) {
   c10::impl::GenericList list(c10::AnyType::get());
-  list.reserve(values.size());
   for (const auto& v : values) {
     list.push_back(v);
   }
   return list;
 }
-
-/// A Python Counter (MultiStepLR's milestones) as a dict int -> int.
 inline c10::IValue to_ivalue(
     const std::vector<std::pair<int64_t, int64_t>>& counter) {
   c10::Dict<int64_t, int64_t> dict;
@@ -146,61 +129,34 @@ inline c10::IValue to_ivalue(
   return dict;
 }
 
-/// A loaded value as a message's "found": an int as its digits, a str
-/// quoted, a list of ints by its length.
-template <typename Value>
-std::string describe(const Value& value) {
-  return std::visit(
-      [](const auto& v) -> std::string {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, int64_t>) {
-          return std::to_string(v);
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          return "'" + v + "'";
-        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-          return "a list of " + std::to_string(v.size());
-        } else {
-          return "";
-        }
-      },
-      value);
-}
-
 /// Python's type name of `value` (int, float, bool, str, list, dict, None).
 std::string python_type_name(const c10::IValue& value);
+/// A value that failed a field's `valid`, for a message's "found".
+std::string describe(const c10::IValue& value);
 
 /// Reads the values of a state dict, checking each key's presence and type.
 /// Every failure throws a `c10::Error` that starts with `where` and names the
 /// key, the expected and the found type.
 class StateReader {
  public:
-  StateReader(const c10::impl::GenericDict& state, std::string where)
-      : state_(state), where_(std::move(where)) {}
+  /// `groups`: the length of a list of floats (one per param group).
+  StateReader(
+      const c10::impl::GenericDict& state,
+      std::string where,
+      size_t groups = 0)
+      : state_(state), where_(std::move(where)), groups_(groups) {}
 
   /// The value of `key`; throws when missing.
-  const c10::IValue& get(const std::string& key) const;
-  /// Whether `key` is present.
-  bool has(const std::string& key) const;
-  int64_t get_int(const std::string& key) const;
+  const c10::IValue& at(const std::string& key) const;
+  bool has(const std::string& key) const {
+    return state_.contains(c10::IValue(key));
+  }
+  /// The value of `key` as a `T` of `StateField::Member`; ints are accepted
+  /// for floats.
+  template <typename T>
+  T get(const std::string& key) const;
   /// An int, or a float that holds an integer.
   int64_t get_integral(const std::string& key) const;
-  /// A float or an int.
-  double get_double(const std::string& key) const;
-  bool get_bool(const std::string& key) const;
-  /// `fallback` when missing.
-  bool get_bool_or(const std::string& key, bool fallback) const;
-  std::string get_string(const std::string& key) const;
-  /// A float, an int or None.
-  std::optional<double> get_optional_double(const std::string& key) const;
-  /// A list of floats/ints; of `size` elements when given (one per param
-  /// group).
-  std::vector<double> get_double_list(
-      const std::string& key,
-      std::optional<size_t> size) const;
-  std::vector<int64_t> get_int_list(const std::string& key) const;
-  /// A dict int -> int (MultiStepLR's milestone -> count), in order.
-  std::vector<std::pair<int64_t, int64_t>> get_counter(
-      const std::string& key) const;
   /// A list of dicts; of `size` elements when given.
   std::vector<c10::impl::GenericDict> get_dict_list(
       const std::string& key,
@@ -232,10 +188,8 @@ class StateReader {
 
   const c10::impl::GenericDict& state_;
   std::string where_;
+  size_t groups_;
 };
-
-/// A float or an int as a double; nullopt for other types.
-std::optional<double> as_double(const c10::IValue& value);
 
 } // namespace detail
 } // namespace lamp::optim
