@@ -34,7 +34,8 @@ struct Fp8CastArgs {
   uint8_t* out = nullptr; // rows x cols, row-major; or null
   uint8_t* out_t = nullptr; // cols x rows, row-major (x's transpose); or null
   // max(|x|) folded in with atomicMax on the float's bits (NaN wins, then
-  // inf), as x.abs().amax(): the caller zeroes it first. Or null.
+  // inf), as at::maximum(*amax, x.abs().amax()): the caller zeroes it where
+  // it wants x's alone. Or null.
   float* amax = nullptr;
   // 1 / scale, rounded as ATen's reciprocal (one thread writes it). Or null.
   float* inverse_scale = nullptr;
@@ -69,7 +70,7 @@ cudaError_t launch_fp8_column_fold(
 cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 
 // max(|op(x)|) of `n` elements of x (contiguous; `aux` likewise for
-// kGeluBackward) into *amax, as above (zeroed by the caller).
+// kGeluBackward) folded into *amax, as above.
 cudaError_t launch_fp8_amax(
     Fp8CastInput input_type,
     const void* x,

@@ -9,6 +9,7 @@
 #include <ATen/ops/_scaled_mm.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/maximum.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
@@ -300,7 +301,7 @@ std::pair<at::Tensor, at::Tensor> quantize_delayed(
     const at::Tensor& scale,
     const at::Tensor& amax) {
   const double max = fp8_max_of(fp8);
-  amax.copy_(x.abs().amax());
+  amax.copy_(at::maximum(amax, x.abs().amax().to(amax.scalar_type())));
   const auto scaled = x.to(at::kFloat) * scale;
   // NOTE: saturate finite values only: an inf must not become the
   // format's largest number (Fp8AutocastGuard: overflow).

@@ -152,8 +152,10 @@ std::optional<Fp8DelayedState> fp8_saved_state(
 
 /// `x` in `fp8` with a given scale (a 0-d fp32 tensor): data = x * scale,
 /// finite values saturated at the format's maximum, inf and NaN left as
-/// they are (e4m3 turns them into NaN); amax(|x|) written to `amax` (a 0-d
-/// fp32 view). Returns the data and 1 / scale.
+/// they are (e4m3 turns them into NaN); amax(|x|) folded into `amax` (a
+/// 0-d fp32 view: it becomes the larger of the two, NaN winning), as
+/// Transformer Engine's casts fold theirs into the history's newest slot,
+/// which the scale update zeroes. Returns the data and 1 / scale.
 std::pair<at::Tensor, at::Tensor> quantize_delayed(
     const at::Tensor& x,
     at::ScalarType fp8,

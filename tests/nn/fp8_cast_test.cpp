@@ -150,6 +150,32 @@ TEST(Fp8CastGpu, DelayedIsTheReferenceByteForByteAndRecordsTheAmax) {
   });
 }
 
+// The kernel folds its amax into the slot as quantize_delayed does: the
+// larger of the two (no fill first; the scale update zeroes the slot).
+TEST(Fp8CastGpu, DelayedFoldsTheAmaxIntoTheSlotAsTheReference) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  for (const bool specials : {false, true}) {
+    const auto x = operand(200, 136, torch::kBFloat16, specials);
+    const auto scale = torch::full({}, 0.5f, x.options().dtype(torch::kFloat));
+    const float amax =
+        x.to(torch::kFloat).abs().nan_to_num(0, 0, 0).max().item<float>();
+    for (const float held : {0.0f, amax / 2, amax * 4}) {
+      auto slot = torch::full({}, held, scale.options());
+      auto reference = slot.clone();
+      lamp::nn::detail::quantize_delayed(
+          x, torch::kFloat8_e5m2, scale, reference);
+      lamp::nn::detail::fp8_cast_delayed_cuda(
+          x, torch::kFloat8_e5m2, scale, slot, true, true);
+      EXPECT_TRUE(torch::equal(slot.nan_to_num(-1), reference.nan_to_num(-1)))
+          << held << " " << specials << ": " << slot.item<float>() << " vs "
+          << reference.item<float>();
+      if (!specials) {
+        EXPECT_EQ(slot.item<float>(), std::max(held, amax)) << held;
+      }
+    }
+  }
+}
+
 TEST(Fp8CastGpu, StridedAndMisalignedOperandsAreCastAsTheirValues) {
   LAMP_SKIP_WITHOUT_CUDA();
   const auto base = operand(96, 130, torch::kBFloat16, true);

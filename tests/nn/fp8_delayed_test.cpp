@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/fp8_linear.h"
 #include "support.h"
 
 // NOTE: the whole file in a namespace of its own: lamp_tests is a unity
@@ -173,6 +174,27 @@ TEST(Fp8Delayed, CastsSaturateWithTheDelayedScale) {
   x_inf[0][0] = std::numeric_limits<float>::infinity();
   lamp::Fp8AutocastGuard fp8(recipe);
   EXPECT_FALSE(torch::isfinite(fc(x_inf)).all().item<bool>());
+}
+
+// A cast folds its amax into the history's newest slot (the larger of the
+// two, NaN winning), as Transformer Engine's casts do: the update zeroes
+// that slot, so each cast after it records its own amax; a slot that
+// already holds a larger amax keeps it.
+TEST(Fp8Delayed, ACastFoldsItsAmaxIntoTheNewestSlot) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({16, 32}) * 3;
+  const auto scale = torch::full({}, 2.0f);
+  const float amax = x.abs().max().item<float>();
+  for (const float held : {0.0f, amax / 2, amax * 4}) {
+    auto slot = torch::full({}, held);
+    lamp::nn::detail::quantize_delayed(x, torch::kFloat8_e4m3fn, scale, slot);
+    EXPECT_EQ(slot.item<float>(), std::max(held, amax)) << held;
+  }
+  auto slot = torch::full({}, 1e30f);
+  auto x_nan = x.clone();
+  x_nan[1][2] = std::numeric_limits<float>::quiet_NaN();
+  lamp::nn::detail::quantize_delayed(x_nan, torch::kFloat8_e5m2, scale, slot);
+  EXPECT_TRUE(std::isnan(slot.item<float>()));
 }
 
 struct Net : torch::nn::Module {
