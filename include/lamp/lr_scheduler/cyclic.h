@@ -134,19 +134,13 @@ class LAMP_API OneCycleLR : public LRScheduler {
   std::vector<StateField> state_fields() override;
 
  private:
-  // One phase of the cycle (Python's `_SchedulePhase`): the values named
-  // by the fields are `initial_lr`, `max_lr`, `min_lr`, `max_momentum` or
-  // `base_momentum`.
+  // One phase of the cycle (Python's `_SchedulePhase`): its start_lr,
+  // end_lr, start_momentum and end_momentum, as indices of group_values_.
   struct Phase {
     double end_step;
     bool end_step_is_int; // Python stores the last phase's as an int
-    std::string start_lr;
-    std::string end_lr;
-    std::string start_momentum;
-    std::string end_momentum;
+    int values[4];
   };
-
-  double group_value(size_t group, const std::string& name) const;
 
   int64_t total_steps_;
   std::vector<Phase> schedule_phases_;
@@ -155,8 +149,7 @@ class LAMP_API OneCycleLR : public LRScheduler {
   bool use_beta1_ = false;
   // Python's group["initial_lr"], ["max_lr"], ["min_lr"], ["max_momentum"],
   // ["base_momentum"].
-  std::vector<double> initial_lr_, max_lr_, min_lr_, max_momentum_,
-      base_momentum_;
+  std::vector<double> group_values_[5];
 };
 
 } // namespace lamp::optim

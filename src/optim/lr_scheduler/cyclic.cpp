@@ -27,36 +27,22 @@ namespace {
 
 using detail::kPi;
 
-// Which hyperparameter OneCycleLR cycles: Python's `"betas" in defaults`
-// (Adam, AdamW) or `"momentum" in defaults` (SGD, RMSprop).
-enum class MomentumKind { kNone, kMomentum, kBeta1 };
-
-MomentumKind momentum_kind(const torch::optim::OptimizerOptions& options) {
-  if (dynamic_cast<const torch::optim::AdamOptions*>(&options) ||
-      dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    return MomentumKind::kBeta1;
-  }
-  if (dynamic_cast<const torch::optim::SGDOptions*>(&options) ||
-      dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
-    return MomentumKind::kMomentum;
-  }
-  return MomentumKind::kNone;
+template <typename... Options>
+bool is_one_of(const torch::optim::OptimizerOptions& options) {
+  return (... || (dynamic_cast<const Options*>(&options) != nullptr));
 }
 
-// Sets `options`' momentum (or beta1) when they are `Options`.
-template <typename Options>
-bool set_momentum_of(torch::optim::OptimizerOptions& options, double value) {
-  auto* typed = dynamic_cast<Options*>(&options);
-  if constexpr (
-      std::is_same_v<Options, torch::optim::AdamOptions> ||
-      std::is_same_v<Options, torch::optim::AdamWOptions>) {
-    if (typed != nullptr) {
-      typed->betas(std::make_tuple(value, std::get<1>(typed->betas())));
-    }
-  } else if (typed != nullptr) {
-    typed->momentum(value);
+// Whether OneCycleLR cycles beta1: Python's `"betas" in defaults` (Adam,
+// AdamW) or `"momentum" in defaults` (SGD, RMSprop); nullopt for neither.
+std::optional<bool> uses_beta1(const torch::optim::OptimizerOptions& options) {
+  using namespace torch::optim;
+  if (is_one_of<AdamOptions, AdamWOptions>(options)) {
+    return true;
   }
-  return typed != nullptr;
+  if (is_one_of<SGDOptions, RMSpropOptions>(options)) {
+    return false;
+  }
+  return std::nullopt;
 }
 
 void set_momentum(
@@ -64,11 +50,23 @@ void set_momentum(
     bool use_beta1,
     double value) {
   using namespace torch::optim;
+  auto beta1 = [value](auto* typed) {
+    if (typed != nullptr) {
+      typed->betas(std::make_tuple(value, std::get<1>(typed->betas())));
+    }
+    return typed != nullptr;
+  };
+  auto momentum = [value](auto* typed) {
+    if (typed != nullptr) {
+      typed->momentum(value);
+    }
+    return typed != nullptr;
+  };
   TORCH_CHECK(
-      use_beta1 ? set_momentum_of<AdamOptions>(options, value) ||
-              set_momentum_of<AdamWOptions>(options, value)
-                : set_momentum_of<SGDOptions>(options, value) ||
-              set_momentum_of<RMSpropOptions>(options, value),
+      use_beta1 ? beta1(dynamic_cast<AdamOptions*>(&options)) ||
+              beta1(dynamic_cast<AdamWOptions*>(&options))
+                : momentum(dynamic_cast<SGDOptions*>(&options)) ||
+              momentum(dynamic_cast<RMSpropOptions*>(&options)),
       "OneCycleLR: a param group's options have no ",
       use_beta1 ? "betas" : "momentum",
       " to cycle");
@@ -123,7 +121,7 @@ std::vector<double> one_cycle_initial_lrs(
   auto lrs = format_param("max_lr", optimizer, options.max_lr());
   if (options.cycle_momentum()) {
     TORCH_CHECK_VALUE(
-        momentum_kind(optimizer.defaults()) != MomentumKind::kNone,
+        uses_beta1(optimizer.defaults()).has_value(),
         "optimizer must support momentum or beta1 with `cycle_momentum` "
         "option enabled");
     format_param("max_momentum", optimizer, options.max_momentum());
@@ -135,14 +133,16 @@ std::vector<double> one_cycle_initial_lrs(
   return lrs;
 }
 
-// The per-group values a phase may name, in OneCycleLR::group_value's order.
-constexpr const char* kPhaseValues[] =
+// The per-group values a phase names (indices of group_values_), and the
+// keys of a phase that name them.
+enum PhaseValue { kInitialLr, kMaxLr, kMinLr, kMaxMomentum, kBaseMomentum };
+constexpr const char* kPhaseValueNames[] =
     {"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"};
-
-bool is_phase_value(const std::string& name) {
-  return std::find(std::begin(kPhaseValues), std::end(kPhaseValues), name) !=
-      std::end(kPhaseValues);
-}
+constexpr const char* kPhaseKeys[] = {
+    "start_lr",
+    "end_lr",
+    "start_momentum",
+    "end_momentum"};
 
 } // namespace
 
@@ -222,28 +222,23 @@ OneCycleLR::OneCycleLR(
   schedule_phases_ = {
       {pct_start * total - 1,
        false,
-       "initial_lr",
-       "max_lr",
-       "max_momentum",
-       "base_momentum"}};
+       {kInitialLr, kMaxLr, kMaxMomentum, kBaseMomentum}}};
   if (options.three_phase()) {
     schedule_phases_.push_back(
         {2 * pct_start * total - 2,
          false,
-         "max_lr",
-         "initial_lr",
-         "base_momentum",
-         "max_momentum"});
+         {kMaxLr, kInitialLr, kBaseMomentum, kMaxMomentum}});
     schedule_phases_.push_back(
-        {last, true, "initial_lr", "min_lr", "max_momentum", "max_momentum"});
+        {last, true, {kInitialLr, kMinLr, kMaxMomentum, kMaxMomentum}});
   } else {
     schedule_phases_.push_back(
-        {last, true, "max_lr", "min_lr", "base_momentum", "max_momentum"});
+        {last, true, {kMaxLr, kMinLr, kBaseMomentum, kMaxMomentum}});
   }
-  max_lr_ = format_param("max_lr", optimizer, options.max_lr());
-  initial_lr_ = initial_lrs();
-  for (double lr : initial_lr_) {
-    min_lr_.push_back(lr / options.final_div_factor());
+  auto& values = group_values_;
+  values[kMaxLr] = format_param("max_lr", optimizer, options.max_lr());
+  values[kInitialLr] = initial_lrs();
+  for (double lr : values[kInitialLr]) {
+    values[kMinLr].push_back(lr / options.final_div_factor());
   }
   // NOTE: Python checks the momenta's lengths only when cycling them;
   // without cycling a wrong length leaves them unset (a state loaded later
@@ -255,37 +250,18 @@ OneCycleLR::OneCycleLR(
         ? format_param(name, optimizer, value)
         : std::vector<double>{};
   };
-  max_momentum_ = momenta("max_momentum", options.max_momentum());
-  base_momentum_ = momenta("base_momentum", options.base_momentum());
+  values[kMaxMomentum] = momenta("max_momentum", options.max_momentum());
+  values[kBaseMomentum] = momenta("base_momentum", options.base_momentum());
   if (cycle_momentum_) {
-    use_beta1_ = momentum_kind(optimizer.defaults()) == MomentumKind::kBeta1;
-    if (options.last_epoch() == -1) {
-      auto& groups = optimizer.param_groups();
-      for (size_t i = 0; i < groups.size(); ++i) {
-        set_momentum(groups[i].options(), use_beta1_, max_momentum_[i]);
-      }
+    use_beta1_ = *uses_beta1(optimizer.defaults());
+    for (size_t i = 0; options.last_epoch() == -1 && i < groups; ++i) {
+      set_momentum(
+          optimizer.param_groups()[i].options(),
+          use_beta1_,
+          values[kMaxMomentum][i]);
     }
   }
   initial_step();
-}
-
-double OneCycleLR::group_value(size_t group, const std::string& name) const {
-  const std::vector<double>* all[] = {
-      &initial_lr_, &max_lr_, &min_lr_, &max_momentum_, &base_momentum_};
-  const std::vector<double>* values = nullptr;
-  for (size_t i = 0; i < std::size(all); ++i) {
-    if (name == kPhaseValues[i]) {
-      values = all[i];
-    }
-  }
-  TORCH_CHECK(
-      values != nullptr && group < values->size(),
-      "OneCycleLR: param group ",
-      group,
-      " has no '",
-      name,
-      "' (was the group added after the scheduler was made?)");
-  return (*values)[group];
 }
 
 std::vector<double> OneCycleLR::get_lr() {
@@ -296,100 +272,95 @@ std::vector<double> OneCycleLR::get_lr() {
       step_num,
       " times. The specified number of total steps is ",
       total_steps_);
-  const bool cos = anneal_func_type_ == "cos";
-  auto anneal = [cos](double start, double end, double pct) {
-    if (cos) {
-      const double cos_out = std::cos(kPi * pct) + 1;
-      return end + (start - end) / 2.0 * cos_out;
+  // The phase of step_num, as Python's search.
+  const double step = static_cast<double>(step_num);
+  double start_step = 0.0;
+  size_t i = 0;
+  for (; step > schedule_phases_[i].end_step && i + 1 < schedule_phases_.size();
+       ++i) {
+    start_step = schedule_phases_[i].end_step;
+  }
+  const auto& phase = schedule_phases_[i];
+  const double pct = (step - start_step) / (phase.end_step - start_step);
+  auto anneal = [this, pct](size_t group, int start, int end) {
+    for (int v : {start, end}) {
+      TORCH_CHECK(
+          group < group_values_[v].size(),
+          "OneCycleLR: param group ",
+          group,
+          " has no '",
+          kPhaseValueNames[v],
+          "' (was the group added after the scheduler was made?)");
     }
-    return (end - start) * pct + start;
+    const double from = group_values_[start][group];
+    const double to = group_values_[end][group];
+    if (anneal_func_type_ == "cos") {
+      const double cos_out = std::cos(kPi * pct) + 1;
+      return to + (from - to) / 2.0 * cos_out;
+    }
+    return (to - from) * pct + from;
   };
   auto& groups = optimizer().param_groups();
   std::vector<double> lrs;
   for (size_t g = 0; g < groups.size(); ++g) {
-    double start_step = 0.0;
-    double computed_lr = 0.0;
-    double computed_momentum = 0.0;
-    for (size_t i = 0; i < schedule_phases_.size(); ++i) {
-      const auto& phase = schedule_phases_[i];
-      const double end_step = phase.end_step;
-      if (static_cast<double>(step_num) <= end_step ||
-          i == schedule_phases_.size() - 1) {
-        const double pct = (static_cast<double>(step_num) - start_step) /
-            (end_step - start_step);
-        computed_lr = anneal(
-            group_value(g, phase.start_lr), group_value(g, phase.end_lr), pct);
-        if (cycle_momentum_) {
-          computed_momentum = anneal(
-              group_value(g, phase.start_momentum),
-              group_value(g, phase.end_momentum),
-              pct);
-        }
-        break;
-      }
-      start_step = phase.end_step;
-    }
-    lrs.push_back(computed_lr);
+    lrs.push_back(anneal(g, phase.values[0], phase.values[1]));
     if (cycle_momentum_) {
-      set_momentum(groups[g].options(), use_beta1_, computed_momentum);
+      set_momentum(
+          groups[g].options(),
+          use_beta1_,
+          anneal(g, phase.values[2], phase.values[3]));
     }
   }
   return lrs;
 }
 
 std::vector<LRScheduler::StateField> OneCycleLR::state_fields() {
-  // A phase's keys that name a value, in Python's order.
-  auto names = [](auto& phase) {
-    return std::array{
-        std::pair{"start_lr", &phase.start_lr},
-        std::pair{"end_lr", &phase.end_lr},
-        std::pair{"start_momentum", &phase.start_momentum},
-        std::pair{"end_momentum", &phase.end_momentum}};
-  };
-  auto save_phases = [this, names] {
+  auto save_phases = [this] {
     c10::impl::GenericList phases(c10::AnyType::get());
     for (const auto& phase : schedule_phases_) {
       auto entry = lamp::new_state_dict();
-      if (phase.end_step_is_int) {
-        entry.insert("end_step", static_cast<int64_t>(phase.end_step));
-      } else {
-        entry.insert("end_step", phase.end_step);
-      }
-      for (auto [key, value] : names(phase)) {
-        entry.insert(key, *value);
+      entry.insert(
+          "end_step",
+          phase.end_step_is_int
+              ? c10::IValue(static_cast<int64_t>(phase.end_step))
+              : c10::IValue(phase.end_step));
+      for (size_t k = 0; k < 4; ++k) {
+        entry.insert(kPhaseKeys[k], kPhaseValueNames[phase.values[k]]);
       }
       phases.push_back(entry);
     }
     return c10::IValue(phases);
   };
-  auto check_phases = [this, names](const detail::StateReader& reader) {
-    std::vector<Phase> phases;
+  auto check_phases = [this](const detail::StateReader& reader) {
     const auto dicts = reader.get_dict_list("_schedule_phases", std::nullopt);
     if (dicts.empty()) {
       reader.fail("_schedule_phases", "a non-empty list of dicts", "[]");
     }
+    std::vector<Phase> phases;
     for (size_t i = 0; i < dicts.size(); ++i) {
       detail::StateReader phase_reader(
           dicts[i],
           reader.where() + ": _schedule_phases[" + std::to_string(i) + "]");
-      Phase phase;
-      phase.end_step = phase_reader.get<double>("end_step");
-      phase.end_step_is_int = phase_reader.at("end_step").isInt();
-      for (auto [key, value] : names(phase)) {
-        *value = phase_reader.get<std::string>(key);
-        if (!is_phase_value(*value)) {
+      Phase phase{
+          phase_reader.get<double>("end_step"),
+          phase_reader.at("end_step").isInt(),
+          {}};
+      for (size_t k = 0; k < 4; ++k) {
+        const auto name = phase_reader.get<std::string>(kPhaseKeys[k]);
+        const auto* it = std::find(
+            std::begin(kPhaseValueNames), std::end(kPhaseValueNames), name);
+        if (it == std::end(kPhaseValueNames)) {
           phase_reader.fail(
-              key,
+              kPhaseKeys[k],
               "one of 'initial_lr', 'max_lr', 'min_lr', 'max_momentum', "
               "'base_momentum'",
-              "'" + *value + "'");
+              "'" + name + "'");
         }
+        phase.values[k] = static_cast<int>(it - std::begin(kPhaseValueNames));
       }
-      phases.push_back(std::move(phase));
+      phases.push_back(phase);
     }
-    return [this, phases = std::move(phases)]() mutable {
-      schedule_phases_ = std::move(phases);
-    };
+    return [this, phases] { schedule_phases_ = phases; };
   };
   // Python writes `use_beta1` only when cycling momentum.
   auto save_beta1 = [this]() -> std::optional<c10::IValue> {
@@ -402,8 +373,7 @@ std::vector<LRScheduler::StateField> OneCycleLR::state_fields() {
       return [] {};
     }
     const bool use_beta1 = reader.get<bool>("use_beta1");
-    const auto kind = momentum_kind(optimizer().defaults());
-    if (kind != (use_beta1 ? MomentumKind::kBeta1 : MomentumKind::kMomentum)) {
+    if (uses_beta1(optimizer().defaults()) != use_beta1) {
       reader.fail(
           "use_beta1",
           use_beta1 == false

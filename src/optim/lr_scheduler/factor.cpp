@@ -18,62 +18,6 @@
 
 namespace lamp::optim {
 
-namespace {
-
-// One lambda per group (Python's LambdaLR/MultiplicativeLR constructor).
-std::vector<LRLambda> lambdas_per_group(
-    const torch::optim::Optimizer& optimizer,
-    std::vector<LRLambda> lr_lambdas,
-    bool is_list) {
-  const size_t groups = optimizer.param_groups().size();
-  if (!is_list) {
-    lr_lambdas.resize(groups, lr_lambdas.front());
-  }
-  TORCH_CHECK_VALUE(
-      lr_lambdas.size() == groups,
-      "Expected ",
-      groups,
-      " lr_lambdas, but got ",
-      lr_lambdas.size());
-  for (const auto& f : lr_lambdas) {
-    TORCH_CHECK_TYPE(
-        static_cast<bool>(f), "lr_lambda should be a function, but got None");
-  }
-  return lr_lambdas;
-}
-
-// Python's `lr_lambdas` entry of the state dict: a list of None (lamp's
-// functions have no state), one per lambda.
-void check_lr_lambdas(const detail::StateReader& reader, size_t count) {
-  const auto& value = reader.at("lr_lambdas");
-  const std::string expected =
-      "a list of " + std::to_string(count) + " None (one per lambda)";
-  if (!value.isList()) {
-    reader.fail("lr_lambdas", expected, detail::python_type_name(value));
-  }
-  const auto list = value.toListRef();
-  if (list.size() != count) {
-    reader.fail(
-        "lr_lambdas", expected, "a list of " + std::to_string(list.size()));
-  }
-  for (const auto& entry : list) {
-    // Python saves a callable object's __dict__ there; a C++ function has
-    // none to restore (an empty one is fine).
-    if (!entry.isNone() &&
-        !(entry.isGenericDict() && entry.toGenericDict().empty())) {
-      reader.fail(
-          "lr_lambdas",
-          expected,
-          "the state of a Python callable object, which a C++ function "
-          "cannot take");
-    }
-  }
-}
-
-} // namespace
-
-// ---------------------------------------------------------- LambdaScheduler
-
 namespace detail {
 
 LambdaScheduler::LambdaScheduler(
@@ -81,21 +25,46 @@ LambdaScheduler::LambdaScheduler(
     std::vector<LRLambda> lr_lambdas,
     bool per_group,
     int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      lr_lambdas_(
-          lambdas_per_group(optimizer, std::move(lr_lambdas), per_group)) {}
+    : LRScheduler(optimizer, last_epoch), lr_lambdas_(std::move(lr_lambdas)) {
+  const size_t groups = optimizer.param_groups().size();
+  if (!per_group) {
+    lr_lambdas_.resize(groups, lr_lambdas_.front());
+  }
+  TORCH_CHECK_VALUE(
+      lr_lambdas_.size() == groups,
+      "Expected ",
+      groups,
+      " lr_lambdas, but got ",
+      lr_lambdas_.size());
+  for (const auto& f : lr_lambdas_) {
+    TORCH_CHECK_TYPE(
+        static_cast<bool>(f), "lr_lambda should be a function, but got None");
+  }
+}
 
 std::vector<LRScheduler::StateField> LambdaScheduler::state_fields() {
+  // Python saves None for a plain function and a callable object's __dict__
+  // (which a C++ function has none of to restore, unless it is empty).
+  auto save = [this] {
+    return to_ivalue(std::vector<c10::IValue>(lr_lambdas_.size()));
+  };
+  auto check = [this](const StateReader& reader) {
+    const auto expected = "a list of " + std::to_string(lr_lambdas_.size()) +
+        " None (one per lambda)";
+    for (const auto& f :
+         reader.get_list("lr_lambdas", expected, lr_lambdas_.size())) {
+      if (!f.isNone() && !(f.isGenericDict() && f.toGenericDict().empty())) {
+        reader.fail(
+            "lr_lambdas",
+            expected,
+            "the state of a Python callable object, which a C++ function "
+            "cannot take");
+      }
+    }
+    return std::function<void()>([] {});
+  };
   auto fields = LRScheduler::state_fields();
-  fields.emplace_back(
-      "lr_lambdas",
-      [this] {
-        return detail::to_ivalue(std::vector<c10::IValue>(lr_lambdas_.size()));
-      },
-      [this](const StateReader& reader) {
-        check_lr_lambdas(reader, lr_lambdas_.size());
-        return [] {};
-      });
+  fields.emplace_back("lr_lambdas", save, check);
   return fields;
 }
 
@@ -119,8 +88,6 @@ std::vector<double> LambdaScheduler::times_lambdas(
 
 } // namespace detail
 
-// ----------------------------------------------------------------- LambdaLR
-
 // NOTE: initial_step() in the most derived constructor: it calls get_lr().
 LambdaLR::LambdaLR(
     torch::optim::Optimizer& optimizer,
@@ -142,8 +109,6 @@ std::vector<double> LambdaLR::get_lr() {
   return times_lambdas(base_lrs_, "base_lrs");
 }
 
-// --------------------------------------------------------- MultiplicativeLR
-
 MultiplicativeLR::MultiplicativeLR(
     torch::optim::Optimizer& optimizer,
     LRLambda lr_lambda,
@@ -163,8 +128,6 @@ MultiplicativeLR::MultiplicativeLR(
 std::vector<double> MultiplicativeLR::get_lr() {
   return is_initial_ ? group_lrs() : times_lambdas(group_lrs(), "param groups");
 }
-
-// --------------------------------------------------------------- ConstantLR
 
 ConstantLR::ConstantLR(
     torch::optim::Optimizer& optimizer,
@@ -201,8 +164,6 @@ std::vector<LRScheduler::StateField> ConstantLR::state_fields() {
   return with_base_fields(
       {{"factor", &factor_}, {"total_iters", &total_iters_}});
 }
-
-// ----------------------------------------------------------------- LinearLR
 
 LinearLR::LinearLR(
     torch::optim::Optimizer& optimizer,

@@ -122,16 +122,24 @@ const c10::IValue& StateReader::get_if(
   return value;
 }
 
+c10::ArrayRef<c10::IValue> StateReader::get_list(
+    const std::string& key,
+    const std::string& expected,
+    std::optional<size_t> size) const {
+  const auto list = get_if(key, expected, &c10::IValue::isList).toListRef();
+  if (size && list.size() != *size) {
+    fail(key, expected, "a list of " + std::to_string(list.size()));
+  }
+  return list;
+}
+
 template <typename T, typename Convert>
 std::vector<T> StateReader::get_list(
     const std::string& key,
     const std::string& expected,
     std::optional<size_t> size,
     Convert convert) const {
-  const auto& list = get_if(key, expected, &c10::IValue::isList).toListRef();
-  if (size && list.size() != *size) {
-    fail(key, expected, "a list of " + std::to_string(list.size()));
-  }
+  const auto list = get_list(key, expected, size);
   std::vector<T> out;
   for (size_t i = 0; i < list.size(); ++i) {
     std::optional<T> v = convert(list[i]);

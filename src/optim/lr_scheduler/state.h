@@ -157,6 +157,12 @@ class StateReader {
   T get(const std::string& key) const;
   /// An int, or a float that holds an integer.
   int64_t get_integral(const std::string& key) const;
+  /// The list at `key`, of `size` elements when given (else: not
+  /// `expected`).
+  c10::ArrayRef<c10::IValue> get_list(
+      const std::string& key,
+      const std::string& expected,
+      std::optional<size_t> size) const;
   /// A list of dicts; of `size` elements when given.
   std::vector<c10::impl::GenericDict> get_dict_list(
       const std::string& key,
