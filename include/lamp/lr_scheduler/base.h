@@ -205,8 +205,6 @@ class LAMP_API LRScheduler {
   virtual std::vector<StateField> state_fields();
   /// `own` followed by the keys every scheduler has.
   std::vector<StateField> with_base_fields(std::vector<StateField> own);
-  /// Appends the keys of `state_fields()` to `state`.
-  void append_state(StateDict& state) const;
   /// Checks `state` (throwing a `c10::Error` that starts with `where`) and
   /// returns a function that applies it and cannot throw. The default checks
   /// every key of `state_fields()` in order; subclasses with other keys check

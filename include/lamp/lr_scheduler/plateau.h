@@ -84,10 +84,6 @@ class LAMP_API ReduceLROnPlateau : public LRScheduler {
 
  private:
   bool is_better(double a, double best) const;
-  void init_is_better(
-      const std::string& mode,
-      double threshold,
-      const std::string& threshold_mode);
   void reduce_lr();
 
   double factor_;

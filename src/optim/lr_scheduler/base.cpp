@@ -215,7 +215,8 @@ std::vector<LRScheduler::StateField> LRScheduler::with_base_fields(
   return own;
 }
 
-void LRScheduler::append_state(StateDict& state) const {
+LRScheduler::StateDict LRScheduler::state_dict() const {
+  auto state = lamp::new_state_dict();
   // NOTE: state_fields() hands out pointers to members for loading too;
   // here they are only read.
   for (const auto& field : const_cast<LRScheduler*>(this)->state_fields()) {
@@ -230,11 +231,6 @@ void LRScheduler::append_state(StateDict& state) const {
       state.insert(field.key, std::move(*value));
     }
   }
-}
-
-LRScheduler::StateDict LRScheduler::state_dict() const {
-  auto state = lamp::new_state_dict();
-  append_state(state);
   return state;
 }
 

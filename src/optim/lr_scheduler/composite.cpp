@@ -79,8 +79,6 @@ torch::optim::Optimizer& chained_optimizer(
 
 } // namespace
 
-// ------------------------------------------------------------- SequentialLR
-
 SequentialLR::SequentialLR(
     torch::optim::Optimizer& optimizer,
     std::vector<std::shared_ptr<LRScheduler>> schedulers,
@@ -115,18 +113,15 @@ SequentialLR::SequentialLR(
 }
 
 void SequentialLR::recursive_undo(LRScheduler& scheduler) {
-  const std::vector<std::shared_ptr<LRScheduler>>* children = nullptr;
-  if (auto* sequential = dynamic_cast<SequentialLR*>(&scheduler)) {
-    children = &sequential->schedulers_;
-  } else if (auto* chained = dynamic_cast<ChainedScheduler*>(&scheduler)) {
-    children = &chained->schedulers();
-  }
-  if (children != nullptr) {
-    for (const auto& child : *children) {
-      recursive_undo(*child);
-    }
-  } else {
+  auto* sequential = dynamic_cast<SequentialLR*>(&scheduler);
+  auto* chained = dynamic_cast<ChainedScheduler*>(&scheduler);
+  if (sequential == nullptr && chained == nullptr) {
     scheduler.last_epoch_ -= 1;
+    return;
+  }
+  for (const auto& child :
+       sequential ? sequential->schedulers_ : chained->schedulers()) {
+    recursive_undo(*child);
   }
 }
 
@@ -153,8 +148,6 @@ std::vector<LRScheduler::StateField> SequentialLR::state_fields() {
       {"_last_lr", &last_lr_},
       schedulers_field(schedulers_)};
 }
-
-// --------------------------------------------------------- ChainedScheduler
 
 ChainedScheduler::ChainedScheduler(
     std::vector<std::shared_ptr<LRScheduler>> schedulers,
@@ -187,8 +180,6 @@ std::function<void()> ChainedScheduler::check_state_dict(
     last_epoch_ = schedulers_.back()->last_epoch();
   };
 }
-
-// ----------------------------------------- `_schedulers` of both composites
 
 LRScheduler::StateField LRScheduler::schedulers_field(
     const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {

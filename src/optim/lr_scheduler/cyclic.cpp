@@ -11,11 +11,9 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <iterator>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "../python_repr.h"
@@ -146,8 +144,6 @@ constexpr const char* kPhaseKeys[] = {
 
 } // namespace
 
-// ---------------------------------------------- CosineAnnealingWarmRestarts
-
 CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(
     torch::optim::Optimizer& optimizer,
     int64_t T_0,
@@ -201,8 +197,6 @@ std::vector<LRScheduler::StateField> CosineAnnealingWarmRestarts::
        {"eta_min", &eta_min_},
        StateField("T_cur", &T_cur_).integral()});
 }
-
-// --------------------------------------------------------------- OneCycleLR
 
 OneCycleLR::OneCycleLR(
     torch::optim::Optimizer& optimizer,

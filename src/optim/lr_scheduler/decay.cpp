@@ -19,6 +19,14 @@ namespace {
 
 using detail::kPi;
 
+// The entry of `key` in a Counter kept as pairs (end() when absent).
+template <typename Counter>
+auto find_key(Counter& counter, int64_t key) {
+  return std::find_if(counter.begin(), counter.end(), [key](const auto& e) {
+    return e.first == key;
+  });
+}
+
 // Python's a // b for b > 0.
 int64_t floor_div(int64_t a, int64_t b) {
   const int64_t q = a / b;
@@ -26,8 +34,6 @@ int64_t floor_div(int64_t a, int64_t b) {
 }
 
 } // namespace
-
-// ------------------------------------------------------------------- StepLR
 
 StepLR::StepLR(
     torch::optim::Optimizer& optimizer,
@@ -59,8 +65,6 @@ std::vector<LRScheduler::StateField> StepLR::state_fields() {
        {"gamma", &gamma_}});
 }
 
-// -------------------------------------------------------------- MultiStepLR
-
 MultiStepLR::MultiStepLR(
     torch::optim::Optimizer& optimizer,
     const std::vector<int64_t>& milestones,
@@ -68,10 +72,7 @@ MultiStepLR::MultiStepLR(
     int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch), gamma_(gamma) {
   for (int64_t milestone : milestones) {
-    auto it = std::find_if(
-        milestones_.begin(), milestones_.end(), [&](const auto& entry) {
-          return entry.first == milestone;
-        });
+    auto it = find_key(milestones_, milestone);
     if (it == milestones_.end()) {
       milestones_.emplace_back(milestone, 1);
     } else {
@@ -82,10 +83,7 @@ MultiStepLR::MultiStepLR(
 }
 
 std::vector<double> MultiStepLR::get_lr() {
-  auto it = std::find_if(
-      milestones_.begin(), milestones_.end(), [&](const auto& entry) {
-        return entry.first == last_epoch_;
-      });
+  auto it = find_key(milestones_, last_epoch_);
   if (it == milestones_.end()) {
     return group_lrs();
   }
@@ -109,8 +107,6 @@ std::vector<LRScheduler::StateField> MultiStepLR::state_fields() {
   return with_base_fields({{"milestones", &milestones_}, {"gamma", &gamma_}});
 }
 
-// ------------------------------------------------------------ ExponentialLR
-
 ExponentialLR::ExponentialLR(
     torch::optim::Optimizer& optimizer,
     double gamma,
@@ -131,8 +127,6 @@ std::optional<std::vector<double>> ExponentialLR::get_closed_form_lr() const {
 std::vector<LRScheduler::StateField> ExponentialLR::state_fields() {
   return with_base_fields({{"gamma", &gamma_}});
 }
-
-// ------------------------------------------------------------- PolynomialLR
 
 PolynomialLR::PolynomialLR(
     torch::optim::Optimizer& optimizer,
@@ -167,8 +161,6 @@ std::optional<std::vector<double>> PolynomialLR::get_closed_form_lr() const {
 std::vector<LRScheduler::StateField> PolynomialLR::state_fields() {
   return with_base_fields({{"total_iters", &total_iters_}, {"power", &power_}});
 }
-
-// -------------------------------------------------------- CosineAnnealingLR
 
 CosineAnnealingLR::CosineAnnealingLR(
     torch::optim::Optimizer& optimizer,

@@ -27,49 +27,41 @@ ReduceLROnPlateau::ReduceLROnPlateau(
     ReduceLROnPlateauOptions options)
     : LRScheduler(optimizer, NoInit{}) {
   TORCH_CHECK_VALUE(!(options.factor() >= 1.0), "Factor should be < 1.0.");
-  factor_ = options.factor();
   const size_t groups = optimizer.param_groups().size();
   const auto& min_lr = options.min_lr();
-  if (min_lr.is_list()) {
-    TORCH_CHECK_VALUE(
-        min_lr.values().size() == groups,
-        "expected ",
-        groups,
-        " min_lrs, got ",
-        min_lr.values().size());
-    default_min_lr_ = std::nullopt;
-    min_lrs_ = min_lr.values();
-  } else {
+  TORCH_CHECK_VALUE(
+      !min_lr.is_list() || min_lr.values().size() == groups,
+      "expected ",
+      groups,
+      " min_lrs, got ",
+      min_lr.values().size());
+  if (!min_lr.is_list()) {
     default_min_lr_ = min_lr.values().front();
-    min_lrs_.assign(groups, min_lr.values().front());
   }
+  min_lrs_ = min_lr.is_list() ? min_lr.values()
+                              : std::vector<double>(groups, *default_min_lr_);
+  // Python's _init_is_better
+  TORCH_CHECK_VALUE(
+      options.mode() == "min" || options.mode() == "max",
+      "mode ",
+      options.mode(),
+      " is unknown!");
+  TORCH_CHECK_VALUE(
+      options.threshold_mode() == "rel" || options.threshold_mode() == "abs",
+      "threshold mode ",
+      options.threshold_mode(),
+      " is unknown!");
+  factor_ = options.factor();
   patience_ = options.patience();
   cooldown_ = options.cooldown();
   eps_ = options.eps();
+  mode_ = options.mode();
+  threshold_ = options.threshold();
+  threshold_mode_ = options.threshold_mode();
+  mode_worse_ = mode_worse(mode_);
+  best_ = mode_worse_; // Python's _reset()
   last_epoch_ = 0;
   last_lr_ = group_lrs();
-  init_is_better(options.mode(), options.threshold(), options.threshold_mode());
-  // Python's _reset()
-  best_ = mode_worse_;
-  cooldown_counter_ = 0;
-  num_bad_epochs_ = 0;
-}
-
-void ReduceLROnPlateau::init_is_better(
-    const std::string& mode,
-    double threshold,
-    const std::string& threshold_mode) {
-  TORCH_CHECK_VALUE(
-      mode == "min" || mode == "max", "mode ", mode, " is unknown!");
-  TORCH_CHECK_VALUE(
-      threshold_mode == "rel" || threshold_mode == "abs",
-      "threshold mode ",
-      threshold_mode,
-      " is unknown!");
-  mode_worse_ = mode_worse(mode);
-  mode_ = mode;
-  threshold_ = threshold;
-  threshold_mode_ = threshold_mode;
 }
 
 bool ReduceLROnPlateau::is_better(double a, double best) const {
