@@ -23,6 +23,10 @@ constexpr int kWarps = 4;
 constexpr int kColumnRows = 8;
 constexpr int64_t kChunkRows = 256;
 constexpr int64_t kMaxChunks = 1024;
+// The fused backward (add_norm_dx_dweight_kernel): rows up to this wide,
+// at least kFusedWarpRows rows a warp, at most kMaxChunks blocks.
+constexpr int kMaxFusedColumns = 1024;
+constexpr int64_t kFusedWarpRows = 8;
 
 template <typename T>
 struct Type {
@@ -178,17 +182,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// The input gradient, a warp a row; the residual's gradient (the same
-// values) in the residual's type when dr is set (then DY's type).
-template <int kPer, int V, typename DY>
-__global__ void __launch_bounds__(kWarps * 32)
-    add_norm_dx_kernel(AddNormBackward a) {
+// One row of the input gradient, by its warp; the residual's gradient (the
+// same values) in the residual's type when dr is set (then DY's type).
+// kSums: also adds the row's dy * xhat and dy to the lane's columns' sums
+// in dw and db (the weight's and bias's gradients).
+template <int kPer, int V, typename DY, bool kSums>
+__device__ __forceinline__ void dx_row(
+    const AddNormBackward& a,
+    int64_t row,
+    int lane,
+    float* dw,
+    float* db) {
   constexpr int kPacks = kPer / V;
-  const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.rows) {
-    return;
-  }
   const int64_t base = row * a.columns;
   const DY* dy = static_cast<const DY*>(a.dy) + base;
   float xhat[kPer], g[kPer];
@@ -204,16 +209,20 @@ __global__ void __launch_bounds__(kWarps * 32)
       load_pack<V>(a.sum + base + c, xhat + k * V);
     }
   }
+  // NOTE: with the sums, dy is kept as it is until they have it (w a
+  // register a column); without, scaled by the weight as it comes.
+  float w[kSums ? kPer : V];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int c = (lane + 32 * k) * V;
     if (c < a.columns) {
-      float w[V];
       load_pack<V>(dy + c, g + k * V);
-      load_pack<V>(a.weight + c, w);
+      load_pack<V>(a.weight + c, w + (kSums ? k * V : 0));
+      if constexpr (!kSums) {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        g[k * V + e] *= w[e];
+        for (int e = 0; e < V; ++e) {
+          g[k * V + e] *= w[e];
+        }
       }
     }
   }
@@ -227,6 +236,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = 0; e < V; ++e) {
       const int i = k * V + e;
       xhat[i] = inside ? (xhat[i] - mean) * rstd : 0.f;
+      if constexpr (kSums) {
+        // NOTE: as add_norm_dweight_kernel: dy (0 past the row's end)
+        // times xhat, before the weight scales dy.
+        dw[i] += g[i] * xhat[i];
+        db[i] += g[i];
+        g[i] = inside ? g[i] * w[i] : 0.f;
+      }
       sum_g += g[i];
       sum_gx += g[i] * xhat[i];
     }
@@ -267,6 +283,69 @@ __global__ void __launch_bounds__(kWarps * 32)
         store_pack<V>(dr + c, d + k * V);
       }
     }
+  }
+}
+
+// The input gradient, a warp a row.
+template <int kPer, int V, typename DY>
+__global__ void __launch_bounds__(kWarps * 32)
+    add_norm_dx_kernel(AddNormBackward a) {
+  const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+  if (row < a.rows) {
+    dx_row<kPer, V, DY, false>(a, row, threadIdx.x % 32, nullptr, nullptr);
+  }
+}
+
+// The input gradient and the weight's and bias's partial sums in one read
+// (rows of at most kMaxFusedColumns): block b takes `warp_rows` rows a
+// warp, rows b kWarps warp_rows + kWarps i + warp; each lane keeps its
+// columns' sums in registers over its rows, the block adds its warps' in
+// warp order and writes them to partials[b][0, C) (weight) and [C, 2C)
+// (bias), as add_norm_dweight_kernel does a chunk's (deterministic).
+// NOTE: add_norm_dweight_kernel reads dy and the sum a second time (6 of
+// the backward's 22 bytes an element): with the sums here a gpt2 step
+// (768 columns) took 34.24 ms instead of 34.79, a gpt2-medium one (1,024)
+// 86.68 instead of 87.87 (H100). Wider rows keep the two kernels: their
+// sums would take more registers than a thread has left (152 at 1,600
+// columns without them).
+template <int kPer, int V, typename DY>
+__global__ void __launch_bounds__(kWarps * 32)
+    add_norm_dx_dweight_kernel(AddNormBackward a, int warp_rows) {
+  __shared__ float sums[kWarps][2 * kPer * 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float dw[kPer], db[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    dw[i] = 0.f;
+    db[i] = 0.f;
+  }
+  const int64_t first = int64_t{blockIdx.x} * kWarps * warp_rows + warp;
+  for (int i = 0; i < warp_rows; ++i) {
+    const int64_t row = first + int64_t{kWarps} * i;
+    if (row >= a.rows) {
+      break;
+    }
+    dx_row<kPer, V, DY, true>(a, row, lane, dw, db);
+  }
+#pragma unroll
+  for (int k = 0; k < kPer / V; ++k) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int c = (lane + 32 * k) * V + e;
+      sums[warp][c] = dw[k * V + e];
+      sums[warp][kPer * 32 + c] = db[k * V + e];
+    }
+  }
+  __syncthreads();
+  float* out = a.partials + int64_t{blockIdx.x} * 2 * a.columns;
+  for (int j = threadIdx.x; j < 2 * a.columns; j += kWarps * 32) {
+    const int c = j < a.columns ? j : kPer * 32 + (j - a.columns);
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      total += sums[w][c];
+    }
+    out[j] = total;
   }
 }
 
@@ -368,6 +447,22 @@ int64_t chunks(int64_t rows) {
   return (rows + per - 1) / per;
 }
 
+bool fused_backward(int columns) {
+  return columns <= kMaxFusedColumns;
+}
+
+// Rows a warp of the fused backward: kFusedWarpRows, or more so that there
+// are at most kMaxChunks blocks.
+int64_t fused_warp_rows(int64_t rows) {
+  return std::max(
+      kFusedWarpRows, (rows + kWarps * kMaxChunks - 1) / (kWarps * kMaxChunks));
+}
+
+int64_t fused_blocks(int64_t rows) {
+  const int64_t per_block = kWarps * fused_warp_rows(rows);
+  return (rows + per_block - 1) / per_block;
+}
+
 // Calls f(std::integral_constant<int, kPer>{}) for the smallest kPer that
 // holds `columns` (<= kMaxNormColumns).
 template <typename F>
@@ -409,7 +504,8 @@ bool aligned(std::initializer_list<const void*> pointers) {
 } // namespace
 
 int64_t add_norm_backward_partials(int64_t rows, int columns) {
-  return chunks(rows) * 2 * columns;
+  return (fused_backward(columns) ? fused_blocks(rows) : chunks(rows)) * 2 *
+      columns;
 }
 
 cudaError_t launch_add_norm_forward(
@@ -469,8 +565,29 @@ cudaError_t launch_add_norm_backward(
   const dim3 column_blocks(
       static_cast<unsigned>((a.columns + 32 * v - 1) / (32 * v)),
       static_cast<unsigned>(chunks(a.rows)));
+  const bool fused = fused_backward(a.columns);
   const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
     using DY = typename decltype(dy)::type;
+    if (fused) {
+      const auto blocks = static_cast<unsigned>(fused_blocks(a.rows));
+      const auto warp_rows = static_cast<int>(fused_warp_rows(a.rows));
+      return with_per_lane(a.columns, [&](auto p) {
+        constexpr int kPer = decltype(p)::value;
+        // NOTE: with_per_lane's widths past kMaxFusedColumns are not
+        // instantiated here (their shared sums would not fit).
+        if constexpr (kPer * 32 <= kMaxFusedColumns) {
+          if (vec) {
+            add_norm_dx_dweight_kernel<kPer, 4, DY>
+                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+          } else {
+            add_norm_dx_dweight_kernel<kPer, 1, DY>
+                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+          }
+          return cudaGetLastError();
+        }
+        return cudaErrorInvalidValue;
+      });
+    }
     const cudaError_t e = with_per_lane(a.columns, [&](auto p) {
       constexpr int kPer = decltype(p)::value;
       if (vec) {
@@ -501,7 +618,7 @@ cudaError_t launch_add_norm_backward(
       static_cast<unsigned>((2 * a.columns + 31) / 32),
       dim3(32, 8),
       0,
-      stream>>>(a, chunks(a.rows));
+      stream>>>(a, fused ? fused_blocks(a.rows) : chunks(a.rows));
   return cudaGetLastError();
 }
 
