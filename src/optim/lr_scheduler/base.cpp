@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <type_traits>
 #include <utility>
-#include <variant>
 
 #include "state.h"
 
@@ -202,9 +200,10 @@ std::vector<LRScheduler::StateField> LRScheduler::state_fields() {
       {"base_lrs", &base_lrs_},
       {"last_epoch", &last_epoch_},
       {"_step_count", &step_count_},
-      StateField("_is_initial", &is_initial_).or_false(),
-      StateField("_get_lr_called_within_step", &get_lr_called_within_step_)
-          .or_false(),
+      {"_is_initial", &is_initial_, StateField::kOrFalse},
+      {"_get_lr_called_within_step",
+       &get_lr_called_within_step_,
+       StateField::kOrFalse},
       {"_last_lr", &last_lr_}};
 }
 
@@ -220,14 +219,7 @@ LRScheduler::StateDict LRScheduler::state_dict() const {
   // NOTE: state_fields() hands out pointers to members for loading too;
   // here they are only read.
   for (const auto& field : const_cast<LRScheduler*>(this)->state_fields()) {
-    auto value = field.save
-        ? field.save()
-        : std::visit(
-              [](auto* member) {
-                return std::optional(detail::to_ivalue(*member));
-              },
-              field.member);
-    if (value) {
+    if (auto value = field.save()) {
       state.insert(field.key, std::move(*value));
     }
   }
@@ -248,33 +240,17 @@ std::function<void()> LRScheduler::check_state_dict(
   auto check_up_to = [&](size_t end) {
     for (; checked < end; ++checked) {
       const auto& field = fields[checked];
-      if (field.valid && !field.valid(reader.at(field.key))) {
-        const auto found = detail::describe(reader.at(field.key));
-        reader.fail(field.key, field.expected, found);
+      if (auto found =
+              field.valid ? field.valid(reader.at(field.key)) : std::nullopt) {
+        reader.fail(field.key, field.expected, *found);
       }
     }
-  };
-  // A member's key: its value, assigned by `apply`.
-  auto read = [&](const StateField& field, auto* member) {
-    using T = std::remove_pointer_t<decltype(member)>;
-    T value{}; // an or_false key that is missing: false
-    if constexpr (std::is_same_v<T, int64_t>) {
-      value = field.is_integral ? reader.get_integral(field.key)
-                                : reader.get<T>(field.key);
-    } else if (!field.is_or_false || reader.has(field.key)) {
-      value = reader.get<T>(field.key);
-    }
-    return std::function<void()>([member, value] { *member = value; });
   };
   for (const auto& field : fields) {
     if (!field.valid) {
       check_up_to(apply.size());
     }
-    apply.push_back(
-        field.check ? field.check(reader)
-                    : std::visit(
-                          [&](auto* member) { return read(field, member); },
-                          field.member));
+    apply.push_back(field.check(reader));
   }
   check_up_to(fields.size());
   return [apply = std::move(apply)] {

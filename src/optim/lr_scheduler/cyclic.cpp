@@ -192,10 +192,11 @@ std::vector<LRScheduler::StateField> CosineAnnealingWarmRestarts::
     state_fields() {
   return with_base_fields(
       {StateField("T_0", &T_0_).at_least(1, "a positive int"),
-       StateField("T_i", &T_i_).integral().at_least(1, "a positive int"),
+       StateField("T_i", &T_i_, StateField::kIntegral)
+           .at_least(1, "a positive int"),
        StateField("T_mult", &T_mult_).at_least(1, "an int >= 1"),
        {"eta_min", &eta_min_},
-       StateField("T_cur", &T_cur_).integral()});
+       {"T_cur", &T_cur_, StateField::kIntegral}});
 }
 
 OneCycleLR::OneCycleLR(

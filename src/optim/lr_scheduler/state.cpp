@@ -19,27 +19,17 @@ std::optional<double> as_double(const c10::IValue& value) {
   return value.isInt() ? std::optional<double>(value.toInt()) : std::nullopt;
 }
 
-// An int, or a float checked by get_integral, as an int.
-int64_t as_int(const c10::IValue& value) {
-  return value.isInt() ? value.toInt() : static_cast<int64_t>(value.toDouble());
-}
-
 } // namespace
-
-LRScheduler::StateField& LRScheduler::StateField::integral() {
-  is_integral = true;
-  return *this;
-}
-
-LRScheduler::StateField& LRScheduler::StateField::or_false() {
-  is_or_false = true;
-  return *this;
-}
 
 LRScheduler::StateField& LRScheduler::StateField::at_least(
     int64_t min,
     std::string description) {
-  valid = [min](const c10::IValue& v) { return as_int(v) >= min; };
+  valid = [min](const c10::IValue& v) -> std::optional<std::string> {
+    // An int, or a float that get_integral accepted.
+    const auto value =
+        v.isInt() ? v.toInt() : static_cast<int64_t>(v.toDouble());
+    return value >= min ? std::nullopt : std::optional(std::to_string(value));
+  };
   expected = std::move(description);
   return *this;
 }
@@ -47,8 +37,10 @@ LRScheduler::StateField& LRScheduler::StateField::at_least(
 LRScheduler::StateField& LRScheduler::StateField::one_of(
     const std::string& a,
     const std::string& b) {
-  valid = [a, b](const c10::IValue& v) {
-    return v.toStringRef() == a || v.toStringRef() == b;
+  valid = [a, b](const c10::IValue& v) -> std::optional<std::string> {
+    const auto& value = v.toStringRef();
+    return value == a || value == b ? std::nullopt
+                                    : std::optional("'" + value + "'");
   };
   expected = "'" + a + "' or '" + b + "'";
   return *this;
@@ -57,7 +49,11 @@ LRScheduler::StateField& LRScheduler::StateField::one_of(
 LRScheduler::StateField& LRScheduler::StateField::of_size(
     size_t size,
     std::string description) {
-  valid = [size](const c10::IValue& v) { return v.toListRef().size() == size; };
+  valid = [size](const c10::IValue& v) -> std::optional<std::string> {
+    const size_t found = v.toListRef().size();
+    return found == size ? std::nullopt
+                         : std::optional("a list of " + std::to_string(found));
+  };
   expected = std::move(description);
   return *this;
 }
@@ -81,16 +77,6 @@ std::string python_type_name(const c10::IValue& value) {
     }
   }
   return value.tagKind();
-}
-
-std::string describe(const c10::IValue& value) {
-  if (value.isString()) {
-    return "'" + value.toStringRef() + "'";
-  }
-  if (value.isList()) {
-    return "a list of " + std::to_string(value.toListRef().size());
-  }
-  return std::to_string(as_int(value));
 }
 
 void StateReader::fail(

@@ -15,61 +15,11 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace lamp::optim {
-
-namespace detail {
-class StateReader;
-} // namespace detail
-
-/// One key of a scheduler's state dict and the member that holds it (see
-/// `state_fields()`). A `std::vector<double>` holds one value per param
-/// group; pairs are a dict int -> int (Python's Counter of milestones).
-/// A key of another shape has its own `save` and `check` instead.
-struct LRScheduler::StateField {
-  using Member = std::variant<
-      int64_t*,
-      double*,
-      bool*,
-      std::string*,
-      std::optional<double>*,
-      std::vector<double>*,
-      std::vector<int64_t>*,
-      std::vector<std::pair<int64_t, int64_t>>*>;
-  /// The value of a key with its own functions; nullopt: no such key.
-  using Save = std::function<std::optional<c10::IValue>()>;
-  /// Reads and checks such a key; returns what applies it (cannot throw).
-  using Check =
-      std::function<std::function<void()>(const detail::StateReader&)>;
-
-  template <typename T>
-  StateField(const char* key, T* member) : key(key), member(member) {}
-  StateField(const char* key, Save save, Check check)
-      : key(key), save(std::move(save)), check(std::move(check)) {}
-  /// An int that may also be loaded from a float holding an integer.
-  StateField& integral();
-  /// A bool that is false when missing (Python's class default).
-  StateField& or_false();
-  /// Also requires an int >= `min`; `description` says so in messages.
-  StateField& at_least(int64_t min, std::string description);
-  /// Also requires a str equal to `a` or `b`.
-  StateField& one_of(const std::string& a, const std::string& b);
-  /// Also requires a list of `size` ints; `description` says so.
-  StateField& of_size(size_t size, std::string description);
-
-  const char* key;
-  Member member;
-  Save save;
-  Check check;
-  bool is_integral = false;
-  bool is_or_false = false;
-  /// The extra requirement on the stored value once its type is checked.
-  std::function<bool(const c10::IValue&)> valid;
-  std::string expected;
-};
 
 namespace detail {
 
@@ -131,8 +81,6 @@ inline c10::IValue to_ivalue(
 
 /// Python's type name of `value` (int, float, bool, str, list, dict, None).
 std::string python_type_name(const c10::IValue& value);
-/// A value that failed a field's `valid`, for a message's "found".
-std::string describe(const c10::IValue& value);
 
 /// Reads the values of a state dict, checking each key's presence and type.
 /// Every failure throws a `c10::Error` that starts with `where` and names the
@@ -151,8 +99,9 @@ class StateReader {
   bool has(const std::string& key) const {
     return state_.contains(c10::IValue(key));
   }
-  /// The value of `key` as a `T` of `StateField::Member`; ints are accepted
-  /// for floats.
+  /// The value of `key` as a `T`: int64_t, double (also from an int), bool,
+  /// std::string, std::optional<double>, std::vector<double> (one per group),
+  /// std::vector<int64_t> or a Counter as pairs.
   template <typename T>
   T get(const std::string& key) const;
   /// An int, or a float that holds an integer.
@@ -198,4 +147,53 @@ class StateReader {
 };
 
 } // namespace detail
+
+/// One key of a scheduler's state dict (see `state_fields()`): how to save
+/// it and how to check and load it. Most keys are a member of a type that
+/// `StateReader::get` reads (a `std::vector<double>` holds one value per
+/// param group; pairs are a dict int -> int, Python's Counter of
+/// milestones); a key of another shape comes with its own functions.
+struct LRScheduler::StateField {
+  /// The value to save; nullopt: no such key.
+  using Save = std::function<std::optional<c10::IValue>()>;
+  /// Reads and checks the key; returns what applies it (cannot throw).
+  using Check =
+      std::function<std::function<void()>(const detail::StateReader&)>;
+  /// What a member's key also accepts: kIntegral, a float that holds an
+  /// integer (for an int); kOrFalse, no key (a bool, Python's class
+  /// default).
+  enum Accept { kExact, kIntegral, kOrFalse };
+
+  template <typename T>
+  StateField(const char* key, T* member, Accept accept = kExact)
+      : key(key),
+        save([member] { return std::optional(detail::to_ivalue(*member)); }),
+        check([key, member, accept](const detail::StateReader& reader) {
+          T value{}; // a kOrFalse key that is missing: false
+          if constexpr (std::is_same_v<T, int64_t>) {
+            value = accept == kIntegral ? reader.get_integral(key)
+                                        : reader.get<T>(key);
+          } else if (accept != kOrFalse || reader.has(key)) {
+            value = reader.get<T>(key);
+          }
+          return std::function<void()>([member, value] { *member = value; });
+        }) {}
+  StateField(const char* key, Save save, Check check)
+      : key(key), save(std::move(save)), check(std::move(check)) {}
+  /// Also requires an int >= `min`; `description` says so in messages.
+  StateField& at_least(int64_t min, std::string description);
+  /// Also requires a str equal to `a` or `b`.
+  StateField& one_of(const std::string& a, const std::string& b);
+  /// Also requires a list of `size` ints; `description` says so.
+  StateField& of_size(size_t size, std::string description);
+
+  const char* key;
+  Save save;
+  Check check;
+  /// The extra requirement on the stored value once its type is checked:
+  /// what breaks it, as a message's "found"; nullopt: none.
+  std::function<std::optional<std::string>(const c10::IValue&)> valid;
+  std::string expected;
+};
+
 } // namespace lamp::optim
