@@ -249,11 +249,12 @@ OneCycleLR::OneCycleLR(
   values[kBaseMomentum] = momenta("base_momentum", options.base_momentum());
   if (cycle_momentum_) {
     use_beta1_ = *uses_beta1(optimizer.defaults());
-    for (size_t i = 0; options.last_epoch() == -1 && i < groups; ++i) {
-      set_momentum(
-          optimizer.param_groups()[i].options(),
-          use_beta1_,
-          values[kMaxMomentum][i]);
+    auto& param_groups = optimizer.param_groups();
+    for (size_t i = 0; i < groups; ++i) {
+      if (options.last_epoch() == -1) {
+        set_momentum(
+            param_groups[i].options(), use_beta1_, values[kMaxMomentum][i]);
+      }
     }
   }
   initial_step();
@@ -267,14 +268,14 @@ std::vector<double> OneCycleLR::get_lr() {
       step_num,
       " times. The specified number of total steps is ",
       total_steps_);
-  // The phase of step_num, as Python's search.
+  // The phase of step_num: the first that ends at or after it, else the last.
   const double step = static_cast<double>(step_num);
-  double start_step = 0.0;
   size_t i = 0;
-  for (; step > schedule_phases_[i].end_step && i + 1 < schedule_phases_.size();
-       ++i) {
-    start_step = schedule_phases_[i].end_step;
+  while (i + 1 < schedule_phases_.size() &&
+         step > schedule_phases_[i].end_step) {
+    ++i;
   }
+  const double start_step = i == 0 ? 0.0 : schedule_phases_[i - 1].end_step;
   const auto& phase = schedule_phases_[i];
   const double pct = (step - start_step) / (phase.end_step - start_step);
   auto anneal = [this, pct](size_t group, int start, int end) {
