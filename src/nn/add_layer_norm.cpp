@@ -19,13 +19,13 @@
 // gradient and the saved sum give LayerNorm's input gradient, to which the
 // sum's own gradient (the residual stream's, from further on) is added: that
 // is both x's and the residual's gradient. The weight's and bias's
-// gradients are column sums over all rows, in a kernel of their own (a
-// thread a column, coalesced; keeping them in the row kernel's registers
-// starved it of warps and ran it at a sixth of the memory's speed): each
-// block sums a chunk of rows, then one small kernel sums the chunks in a
-// fixed order (no atomics: the same bits every run). The element types are
-// template arguments of the kernels, so a row's loads are all in flight at
-// once.
+// gradients are column sums over all rows, taken in the same read: each
+// warp takes 8 rows (or more, at most 1,024 blocks), its lanes keep their
+// columns' sums (in registers up to 1,024 columns, in shared memory past
+// that), each block writes its warps' sums as one row of partials, and one
+// small kernel adds those rows in a fixed order (no atomics: the same bits
+// every run). The element types are template arguments of the kernels, so
+// a row's loads are all in flight at once.
 
 namespace lamp::nn {
 namespace {

@@ -17,16 +17,15 @@ namespace {
 // columns lane, lane + 32, ... in registers (kPer of them). Many small
 // blocks keep enough loads in flight to run at the memory's speed.
 constexpr int kWarps = 4;
-// The weight's and bias's gradients: blocks of 32 columns x kColumnRows
-// threads, each block over a chunk of at least kChunkRows rows, at most
-// kMaxChunks chunks (their partial sums are added in a fixed order).
-constexpr int kColumnRows = 8;
-constexpr int64_t kChunkRows = 256;
-constexpr int64_t kMaxChunks = 1024;
-// The fused backward (add_norm_dx_dweight_kernel): rows up to this wide,
-// at least kFusedWarpRows rows a warp, at most kMaxChunks blocks.
-constexpr int kMaxFusedColumns = 1024;
+// The backward (add_norm_dx_dweight_kernel): at least kFusedWarpRows rows
+// a warp, at most kMaxBlocks blocks (their partial sums of the weight's and
+// bias's gradients are added in a fixed order); the weight's sums in
+// registers for rows up to kMaxFusedColumns wide, else in shared memory
+// (add_norm_dx_dweight_wide_kernel, kWideWarps warps a block).
 constexpr int64_t kFusedWarpRows = 8;
+constexpr int64_t kMaxBlocks = 1024;
+constexpr int kMaxFusedColumns = 1024;
+constexpr int kWideWarps = 2;
 
 template <typename T>
 struct Type {
@@ -81,6 +80,24 @@ __device__ __forceinline__ void store_pack(T* p, const float* in) {
     pack.v[e] = from_float<T>(in[e]);
   }
   *reinterpret_cast<Pack<V, T>*>(p) = pack;
+}
+
+// p[0, V) += v[0, V) (shared memory, aligned to V floats).
+template <int V>
+__device__ __forceinline__ void add_pack(float* p, const float* v) {
+  if constexpr (V == 4) {
+    float4 s = *reinterpret_cast<float4*>(p);
+    s.x += v[0];
+    s.y += v[1];
+    s.z += v[2];
+    s.w += v[3];
+    *reinterpret_cast<float4*>(p) = s;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      p[e] += v[e];
+    }
+  }
 }
 
 // Row kernels: lane `lane` holds packs k = 0, 1, ... of V columns starting
@@ -184,9 +201,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // One row of the input gradient, by its warp; the residual's gradient (the
 // same values) in the residual's type when dr is set (then DY's type).
-// kSums: also adds the row's dy * xhat and dy to the lane's columns' sums
-// in dw and db (the weight's and bias's gradients).
-template <int kPer, int V, typename DY, bool kSums>
+// It also adds the row's dy * xhat and dy to the lane's columns' sums (the
+// weight's and bias's gradients): kRegisters, in dw[i] and db[i] (i as
+// g's); kShared, in the warp's dw[c] and db[c] in shared memory (c the
+// column).
+enum class Sums { kRegisters, kShared };
+
+template <int kPer, int V, typename DY, Sums kSums>
 __device__ __forceinline__ void dx_row(
     const AddNormBackward& a,
     int64_t row,
@@ -209,20 +230,18 @@ __device__ __forceinline__ void dx_row(
       load_pack<V>(a.sum + base + c, xhat + k * V);
     }
   }
-  // NOTE: with the sums, dy is kept as it is until they have it (w a
-  // register a column); without, scaled by the weight as it comes.
-  float w[kSums ? kPer : V];
+  // NOTE: dy is kept as it is until the sums have it: the weight a
+  // register a column (kRegisters), or read again then, from L1 (kShared:
+  // no registers to spare at 1,600 columns).
+  constexpr bool kKeepW = kSums == Sums::kRegisters;
+  float w[kKeepW ? kPer : V];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int c = (lane + 32 * k) * V;
     if (c < a.columns) {
       load_pack<V>(dy + c, g + k * V);
-      load_pack<V>(a.weight + c, w + (kSums ? k * V : 0));
-      if constexpr (!kSums) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          g[k * V + e] *= w[e];
-        }
+      if constexpr (kKeepW) {
+        load_pack<V>(a.weight + c, w + k * V);
       }
     }
   }
@@ -231,20 +250,38 @@ __device__ __forceinline__ void dx_row(
   float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const bool inside = (lane + 32 * k) * V < a.columns;
+    const int c = (lane + 32 * k) * V;
+    const bool inside = c < a.columns;
+    float pw[V], pb[V]; // kShared: the pack's dy * xhat and dy
+    if constexpr (kSums == Sums::kShared) {
+      if (inside) {
+        load_pack<V>(a.weight + c, w);
+      }
+    }
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const int i = k * V + e;
       xhat[i] = inside ? (xhat[i] - mean) * rstd : 0.f;
-      if constexpr (kSums) {
-        // NOTE: as add_norm_dweight_kernel: dy (0 past the row's end)
-        // times xhat, before the weight scales dy.
+      // NOTE: dy (0 past the row's end) times xhat, before the weight
+      // scales dy.
+      if constexpr (kSums == Sums::kRegisters) {
         dw[i] += g[i] * xhat[i];
         db[i] += g[i];
         g[i] = inside ? g[i] * w[i] : 0.f;
+      } else {
+        pw[e] = g[i] * xhat[i];
+        pb[e] = g[i];
+        g[i] = inside ? g[i] * w[e] : 0.f;
       }
       sum_g += g[i];
       sum_gx += g[i] * xhat[i];
+    }
+    if constexpr (kSums == Sums::kShared) {
+      // NOTE: a pack at a time (16-byte accesses, no bank conflicts).
+      if (inside) {
+        add_pack<V>(dw + c, pw);
+        add_pack<V>(db + c, pb);
+      }
     }
   }
   sum_g = warp_sum(sum_g);
@@ -286,28 +323,19 @@ __device__ __forceinline__ void dx_row(
   }
 }
 
-// The input gradient, a warp a row.
-template <int kPer, int V, typename DY>
-__global__ void __launch_bounds__(kWarps * 32)
-    add_norm_dx_kernel(AddNormBackward a) {
-  const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
-  if (row < a.rows) {
-    dx_row<kPer, V, DY, false>(a, row, threadIdx.x % 32, nullptr, nullptr);
-  }
-}
-
 // The input gradient and the weight's and bias's partial sums in one read
 // (rows of at most kMaxFusedColumns): block b takes `warp_rows` rows a
 // warp, rows b kWarps warp_rows + kWarps i + warp; each lane keeps its
 // columns' sums in registers over its rows, the block adds its warps' in
 // warp order and writes them to partials[b][0, C) (weight) and [C, 2C)
-// (bias), as add_norm_dweight_kernel does a chunk's (deterministic).
-// NOTE: add_norm_dweight_kernel reads dy and the sum a second time (6 of
-// the backward's 22 bytes an element): with the sums here a gpt2 step
-// (768 columns) took 34.24 ms instead of 34.79, a gpt2-medium one (1,024)
-// 86.68 instead of 87.87 (H100). Wider rows keep the two kernels: their
-// sums would take more registers than a thread has left (152 at 1,600
-// columns without them).
+// (bias); add_norm_partials_kernel adds the blocks' rows in order
+// (deterministic).
+// NOTE: the sums had a kernel of their own (an earlier version of this one
+// ran 256 blocks over all rows: a sixth of the memory's speed), which read
+// dy and the sum a second time (6 of the backward's 22 bytes an element):
+// here a gpt2 step (768 columns) took 34.24 ms instead of 34.79, a
+// gpt2-medium one (1,024) 86.68 instead of 87.87, gpt2-xl (1,600, the wide
+// kernel) 190.45 instead of 192.44 (H100).
 template <int kPer, int V, typename DY>
 __global__ void __launch_bounds__(kWarps * 32)
     add_norm_dx_dweight_kernel(AddNormBackward a, int warp_rows) {
@@ -325,7 +353,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (row >= a.rows) {
       break;
     }
-    dx_row<kPer, V, DY, true>(a, row, lane, dw, db);
+    dx_row<kPer, V, DY, Sums::kRegisters>(a, row, lane, dw, db);
   }
 #pragma unroll
   for (int k = 0; k < kPer / V; ++k) {
@@ -349,68 +377,44 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// The weight's and bias's gradients (sums over rows of dy * xhat and of
-// dy): block (x, c) sums 32 V columns over chunk c's rows, V adjacent
-// columns a thread and kColumnRows threads down each, and writes the
-// chunk's sums to partials[c][0, C) (weight) and [C, 2C) (bias), the
-// threads' sums added in thread order (deterministic).
-template <int V, typename DY>
-__global__ void __launch_bounds__(32 * kColumnRows)
-    add_norm_dweight_kernel(AddNormBackward a, int64_t chunk_rows) {
-  __shared__ float sums[2][kColumnRows][32 * V + 1];
-  const int j = (blockIdx.x * 32 + threadIdx.x) * V;
-  const int64_t begin = int64_t{blockIdx.y} * chunk_rows;
-  const int64_t end = begin + chunk_rows < a.rows ? begin + chunk_rows : a.rows;
-  const DY* dy = static_cast<const DY*>(a.dy);
-  float dw[V], db[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    dw[e] = 0.f;
-    db[e] = 0.f;
+// add_norm_dx_dweight_kernel for wider rows (up to kMaxNormColumns): the
+// sums in shared memory, a row of 2 C floats a warp, kWideWarps warps a
+// block (rows b kWideWarps warp_rows + kWideWarps i + warp). NOTE: in
+// registers they would spill (152 a thread at 1,600 columns without them).
+template <int kPer, int V, typename DY>
+__global__ void __launch_bounds__(kWideWarps * 32)
+    add_norm_dx_dweight_wide_kernel(AddNormBackward a, int warp_rows) {
+  __shared__ float sums[kWideWarps][2 * kMaxNormColumns];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* dw = sums[warp];
+  float* db = sums[warp] + a.columns;
+  for (int j = lane; j < 2 * a.columns; j += 32) {
+    dw[j] = 0.f;
   }
-  if (j < a.columns) {
-#pragma unroll 4
-    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnRows) {
-      const int64_t i = r * a.columns + j;
-      float g[V], s[V];
-      load_pack<V>(dy + i, g);
-      load_pack<V>(a.sum + i, s);
-      const float mean = a.mean[r];
-      const float rstd = a.rstd[r];
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        dw[e] += g[e] * ((s[e] - mean) * rstd);
-        db[e] += g[e];
-      }
+  __syncwarp();
+  const int64_t first = int64_t{blockIdx.x} * kWideWarps * warp_rows + warp;
+  for (int i = 0; i < warp_rows; ++i) {
+    const int64_t row = first + int64_t{kWideWarps} * i;
+    if (row >= a.rows) {
+      break;
     }
-  }
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    sums[0][threadIdx.y][threadIdx.x * V + e] = dw[e];
-    sums[1][threadIdx.y][threadIdx.x * V + e] = db[e];
+    dx_row<kPer, V, DY, Sums::kShared>(a, row, lane, dw, db);
+    // NOTE: a lane's shared sums are its own columns: no other lane
+    // reads them before the block's barrier.
   }
   __syncthreads();
-  // Thread (x, y) of the first two rows of threads: column j0 + x + 32 i
-  // of sums[y].
-  if (threadIdx.y < 2) {
-    const int j0 = blockIdx.x * 32 * V;
+  float* out = a.partials + int64_t{blockIdx.x} * 2 * a.columns;
+  for (int j = threadIdx.x; j < 2 * a.columns; j += kWideWarps * 32) {
+    float total = 0.f;
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const int local = threadIdx.x + 32 * e;
-      if (j0 + local < a.columns) {
-        float total = 0.f;
-        for (int k = 0; k < kColumnRows; ++k) {
-          total += sums[threadIdx.y][k][local];
-        }
-        a.partials
-            [int64_t{blockIdx.y} * 2 * a.columns + threadIdx.y * a.columns +
-             j0 + local] = total;
-      }
+    for (int w = 0; w < kWideWarps; ++w) {
+      total += sums[w][j];
     }
+    out[j] = total;
   }
 }
 
-// Column sums of the chunks' partials: 32 columns a block, 8 threads down
+// Column sums of the blocks' partials: 32 columns a block, 8 threads down
 // each, combined in a fixed order (deterministic).
 __global__ void add_norm_partials_kernel(AddNormBackward a, int64_t parts) {
   __shared__ float sums[8][33];
@@ -436,30 +440,21 @@ __global__ void add_norm_partials_kernel(AddNormBackward a, int64_t parts) {
   }
 }
 
-// Rows a chunk of the weight's gradient: kChunkRows, or more so that there
-// are at most kMaxChunks.
-int64_t chunk_rows(int64_t rows) {
-  return std::max(kChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
+// Warps a block of the backward.
+int fused_block_warps(int columns) {
+  return columns <= kMaxFusedColumns ? kWarps : kWideWarps;
 }
 
-int64_t chunks(int64_t rows) {
-  const int64_t per = chunk_rows(rows);
-  return (rows + per - 1) / per;
+// Rows a warp of the backward: kFusedWarpRows, or more so that there are
+// at most kMaxBlocks blocks.
+int64_t fused_warp_rows(int64_t rows, int columns) {
+  const int64_t warps = fused_block_warps(columns) * kMaxBlocks;
+  return std::max(kFusedWarpRows, (rows + warps - 1) / warps);
 }
 
-bool fused_backward(int columns) {
-  return columns <= kMaxFusedColumns;
-}
-
-// Rows a warp of the fused backward: kFusedWarpRows, or more so that there
-// are at most kMaxChunks blocks.
-int64_t fused_warp_rows(int64_t rows) {
-  return std::max(
-      kFusedWarpRows, (rows + kWarps * kMaxChunks - 1) / (kWarps * kMaxChunks));
-}
-
-int64_t fused_blocks(int64_t rows) {
-  const int64_t per_block = kWarps * fused_warp_rows(rows);
+int64_t fused_blocks(int64_t rows, int columns) {
+  const int64_t per_block =
+      fused_block_warps(columns) * fused_warp_rows(rows, columns);
   return (rows + per_block - 1) / per_block;
 }
 
@@ -504,8 +499,7 @@ bool aligned(std::initializer_list<const void*> pointers) {
 } // namespace
 
 int64_t add_norm_backward_partials(int64_t rows, int columns) {
-  return (fused_backward(columns) ? fused_blocks(rows) : chunks(rows)) * 2 *
-      columns;
+  return fused_blocks(rows, columns) * 2 * columns;
 }
 
 cudaError_t launch_add_norm_forward(
@@ -557,59 +551,33 @@ cudaError_t launch_add_norm_backward(
       (a.dr != nullptr && a.dr_format != a.dy_format)) {
     return cudaErrorInvalidValue;
   }
-  const auto row_blocks = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
-  const int64_t per = chunk_rows(a.rows);
   const bool vec = a.columns % 4 == 0 &&
       aligned({a.sum, a.weight, a.dy, a.dsum, a.dx, a.dr});
-  const int v = vec ? 4 : 1;
-  const dim3 column_blocks(
-      static_cast<unsigned>((a.columns + 32 * v - 1) / (32 * v)),
-      static_cast<unsigned>(chunks(a.rows)));
-  const bool fused = fused_backward(a.columns);
+  const auto blocks = static_cast<unsigned>(fused_blocks(a.rows, a.columns));
+  const auto warp_rows = static_cast<int>(fused_warp_rows(a.rows, a.columns));
   const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
     using DY = typename decltype(dy)::type;
-    if (fused) {
-      const auto blocks = static_cast<unsigned>(fused_blocks(a.rows));
-      const auto warp_rows = static_cast<int>(fused_warp_rows(a.rows));
-      return with_per_lane(a.columns, [&](auto p) {
-        constexpr int kPer = decltype(p)::value;
-        // NOTE: with_per_lane's widths past kMaxFusedColumns are not
-        // instantiated here (their shared sums would not fit).
-        if constexpr (kPer * 32 <= kMaxFusedColumns) {
-          if (vec) {
-            add_norm_dx_dweight_kernel<kPer, 4, DY>
-                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
-          } else {
-            add_norm_dx_dweight_kernel<kPer, 1, DY>
-                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
-          }
-          return cudaGetLastError();
-        }
-        return cudaErrorInvalidValue;
-      });
-    }
-    const cudaError_t e = with_per_lane(a.columns, [&](auto p) {
+    return with_per_lane(a.columns, [&](auto p) {
       constexpr int kPer = decltype(p)::value;
-      if (vec) {
-        add_norm_dx_kernel<kPer, 4, DY>
-            <<<row_blocks, kWarps * 32, 0, stream>>>(a);
+      // NOTE: the register kernel is not instantiated past
+      // kMaxFusedColumns (its shared sums would not fit).
+      if constexpr (kPer * 32 <= kMaxFusedColumns) {
+        if (vec) {
+          add_norm_dx_dweight_kernel<kPer, 4, DY>
+              <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+        } else {
+          add_norm_dx_dweight_kernel<kPer, 1, DY>
+              <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+        }
+      } else if (vec) {
+        add_norm_dx_dweight_wide_kernel<kPer, 4, DY>
+            <<<blocks, kWideWarps * 32, 0, stream>>>(a, warp_rows);
       } else {
-        add_norm_dx_kernel<kPer, 1, DY>
-            <<<row_blocks, kWarps * 32, 0, stream>>>(a);
+        add_norm_dx_dweight_wide_kernel<kPer, 1, DY>
+            <<<blocks, kWideWarps * 32, 0, stream>>>(a, warp_rows);
       }
       return cudaGetLastError();
     });
-    if (e != cudaSuccess) {
-      return e;
-    }
-    if (vec) {
-      add_norm_dweight_kernel<4, DY>
-          <<<column_blocks, dim3(32, kColumnRows), 0, stream>>>(a, per);
-    } else {
-      add_norm_dweight_kernel<1, DY>
-          <<<column_blocks, dim3(32, kColumnRows), 0, stream>>>(a, per);
-    }
-    return cudaGetLastError();
   });
   if (error != cudaSuccess) {
     return error;
@@ -618,7 +586,7 @@ cudaError_t launch_add_norm_backward(
       static_cast<unsigned>((2 * a.columns + 31) / 32),
       dim3(32, 8),
       0,
-      stream>>>(a, fused ? fused_blocks(a.rows) : chunks(a.rows));
+      stream>>>(a, fused_blocks(a.rows, a.columns));
   return cudaGetLastError();
 }
 
