@@ -17,14 +17,14 @@ namespace {
 // columns lane, lane + 32, ... in registers (kPer of them). Many small
 // blocks keep enough loads in flight to run at the memory's speed.
 constexpr int kWarps = 4;
-// The backward (add_norm_dx_dweight_kernel): at least kFusedWarpRows rows
+// The backward (add_norm_dx_dweight_kernel): at least kBackwardWarpRows rows
 // a warp, at most kMaxBlocks blocks (their partial sums of the weight's and
 // bias's gradients are added in a fixed order); the weight's sums in
-// registers for rows up to kMaxFusedColumns wide, else in shared memory
+// registers for rows up to kMaxRegisterSumColumns wide, else in shared memory
 // (add_norm_dx_dweight_wide_kernel, kWideWarps warps a block).
-constexpr int64_t kFusedWarpRows = 8;
+constexpr int64_t kBackwardWarpRows = 8;
 constexpr int64_t kMaxBlocks = 1024;
-constexpr int kMaxFusedColumns = 1024;
+constexpr int kMaxRegisterSumColumns = 1024;
 constexpr int kWideWarps = 2;
 
 template <typename T>
@@ -324,7 +324,7 @@ __device__ __forceinline__ void dx_row(
 }
 
 // The input gradient and the weight's and bias's partial sums in one read
-// (rows of at most kMaxFusedColumns): block b takes `warp_rows` rows a
+// (rows of at most kMaxRegisterSumColumns): block b takes `warp_rows` rows a
 // warp, rows b kWarps warp_rows + kWarps i + warp; each lane keeps its
 // columns' sums in registers over its rows, the block adds its warps' in
 // warp order and writes them to partials[b][0, C) (weight) and [C, 2C)
@@ -441,20 +441,20 @@ __global__ void add_norm_partials_kernel(AddNormBackward a, int64_t parts) {
 }
 
 // Warps a block of the backward.
-int fused_block_warps(int columns) {
-  return columns <= kMaxFusedColumns ? kWarps : kWideWarps;
+int backward_block_warps(int columns) {
+  return columns <= kMaxRegisterSumColumns ? kWarps : kWideWarps;
 }
 
-// Rows a warp of the backward: kFusedWarpRows, or more so that there are
+// Rows a warp of the backward: kBackwardWarpRows, or more so that there are
 // at most kMaxBlocks blocks.
-int64_t fused_warp_rows(int64_t rows, int columns) {
-  const int64_t warps = fused_block_warps(columns) * kMaxBlocks;
-  return std::max(kFusedWarpRows, (rows + warps - 1) / warps);
+int64_t backward_warp_rows(int64_t rows, int columns) {
+  const int64_t warps = backward_block_warps(columns) * kMaxBlocks;
+  return std::max(kBackwardWarpRows, (rows + warps - 1) / warps);
 }
 
-int64_t fused_blocks(int64_t rows, int columns) {
+int64_t backward_blocks(int64_t rows, int columns) {
   const int64_t per_block =
-      fused_block_warps(columns) * fused_warp_rows(rows, columns);
+      backward_block_warps(columns) * backward_warp_rows(rows, columns);
   return (rows + per_block - 1) / per_block;
 }
 
@@ -499,7 +499,7 @@ bool aligned(std::initializer_list<const void*> pointers) {
 } // namespace
 
 int64_t add_norm_backward_partials(int64_t rows, int columns) {
-  return fused_blocks(rows, columns) * 2 * columns;
+  return backward_blocks(rows, columns) * 2 * columns;
 }
 
 cudaError_t launch_add_norm_forward(
@@ -553,15 +553,16 @@ cudaError_t launch_add_norm_backward(
   }
   const bool vec = a.columns % 4 == 0 &&
       aligned({a.sum, a.weight, a.dy, a.dsum, a.dx, a.dr});
-  const auto blocks = static_cast<unsigned>(fused_blocks(a.rows, a.columns));
-  const auto warp_rows = static_cast<int>(fused_warp_rows(a.rows, a.columns));
+  const auto blocks = static_cast<unsigned>(backward_blocks(a.rows, a.columns));
+  const auto warp_rows =
+      static_cast<int>(backward_warp_rows(a.rows, a.columns));
   const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
     using DY = typename decltype(dy)::type;
     return with_per_lane(a.columns, [&](auto p) {
       constexpr int kPer = decltype(p)::value;
       // NOTE: the register kernel is not instantiated past
-      // kMaxFusedColumns (its shared sums would not fit).
-      if constexpr (kPer * 32 <= kMaxFusedColumns) {
+      // kMaxRegisterSumColumns (its shared sums would not fit).
+      if constexpr (kPer * 32 <= kMaxRegisterSumColumns) {
         if (vec) {
           add_norm_dx_dweight_kernel<kPer, 4, DY>
               <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
@@ -586,7 +587,7 @@ cudaError_t launch_add_norm_backward(
       static_cast<unsigned>((2 * a.columns + 31) / 32),
       dim3(32, 8),
       0,
-      stream>>>(a, fused_blocks(a.rows, a.columns));
+      stream>>>(a, backward_blocks(a.rows, a.columns));
   return cudaGetLastError();
 }
 
