@@ -43,25 +43,39 @@ __device__ inline unsigned abs_bits(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
 }
 
+// tanh(u) as 1 - 2 / (1 + e^(2u)) with the hardware's approximate exp2 and
+// reciprocal: 5 instructions where tanhf takes 14, within ~1e-6 of it (a
+// few units in the last place of the exp2, more as |u| grows: the product
+// u * 2 log2(e) is rounded). The GELU casts are bound by the instructions
+// they issue (docs/design/fp8.md). Saturates to exactly +-1 (e^(2u)
+// overflows to inf or flushes to 0) where tanhf does; NaN stays NaN.
+__device__ inline float fast_tanh(float u) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(u * 2.88539008f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return fmaf(-2.0f, r, 1.0f);
+}
+
 // GELU's tanh approximation and its derivative in fp32, with ATen's CUDA
 // kernels' constants (sqrt(2 / pi) from the double product, rounded once)
-// and order of operations, so that rounded to x's type they are
-// at::gelu(x, "tanh") and at::gelu_backward(dy, x, "tanh") bit for bit
-// (Fp8CastGpu.GeluOpsAreAtensOps checks it).
+// and order of operations, tanh aside: rounded to x's type they are
+// at::gelu(x, "tanh") and at::gelu_backward(dy, x, "tanh") but where the
+// fast tanh's ~1e-6 moves a value across a rounding boundary
+// (Fp8GeluMlpGpu.CastOpsAreAtensOpsWithinTheirRounding bounds it).
 constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
 constexpr float kGeluKappa = 0.044715f;
 
 __device__ inline float gelu_tanh(float x) {
   const float x_cube = x * x * x;
   const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
-  return 0.5f * x * (1.0f + tanhf(inner));
+  return 0.5f * x * (1.0f + fast_tanh(inner));
 }
 
 __device__ inline float gelu_tanh_backward(float dy, float x) {
   const float x_sq = x * x;
   const float x_cube = x_sq * x;
   const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
-  const float tanh_inner = tanhf(inner);
+  const float tanh_inner = fast_tanh(inner);
   const float left = 0.5f * x;
   const float right = 1.0f + tanh_inner;
   const float left_derivative = 0.5f * right;
@@ -229,36 +243,40 @@ struct Eight<__nv_bfloat16>
 
 // Eight values * scale in FP8, packed little-endian into two words; their
 // |x| folded into m. NOTE: when every scaled value is finite (the usual
-// case) only the clamp and the conversion run; otherwise to_fp8's special
-// cases, element by element.
+// case) only the conversion runs, two values an instruction (its
+// saturation is the reference's clamp: finite values past the format's
+// largest become it, -0 stays -0); otherwise to_fp8's special cases,
+// element by element. The casts are bound by the instructions they issue
+// as much as by memory (docs/design/fp8.md), so the test for the usual
+// case is one multiply: rounding is monotonic, so the largest |x * scale|
+// is the largest |x| times |scale|, finite exactly when every one is.
 template <Fp8CastFormat F>
 __device__ inline uint2 convert_eight(
     const float (&v)[8],
     float scale,
     bool saturate_inf,
     unsigned& m) {
-  constexpr float kMax = F == Fp8CastFormat::kE4M3 ? 448.0f : 57344.0f;
-  float s[8];
-  unsigned worst = 0;
+  unsigned local = 0;
 #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    m = max(m, abs_bits(v[q]));
-    s[q] = v[q] * scale;
-    worst = max(worst, abs_bits(s[q]));
+    local = max(local, abs_bits(v[q]));
   }
+  m = max(m, local);
   uint32_t w[2] = {0, 0};
-  if (worst < 0x7f800000u) {
+  if (local < 0x7f800000u &&
+      abs_bits(__uint_as_float(local) * scale) < 0x7f800000u) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const float c = fminf(fmaxf(s[q], -kMax), kMax);
-      const uint32_t b = __nv_cvt_float_to_fp8(
-          c, __NV_SATFINITE, F == Fp8CastFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2);
-      w[q / 4] |= b << (8 * (q % 4));
+    for (int q = 0; q < 8; q += 2) {
+      const uint32_t pair = __nv_cvt_float2_to_fp8x2(
+          make_float2(v[q] * scale, v[q + 1] * scale),
+          __NV_SATFINITE,
+          F == Fp8CastFormat::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+      w[q / 4] |= pair << (8 * (q % 4));
     }
   } else {
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
-      w[q / 4] |= static_cast<uint32_t>(to_fp8<F>(s[q], saturate_inf))
+      w[q / 4] |= static_cast<uint32_t>(to_fp8<F>(v[q] * scale, saturate_inf))
           << (8 * (q % 4));
     }
   }
@@ -274,7 +292,7 @@ constexpr int kVecRowWords = kTile / 4 + 1;
 // of 8, x 16-byte aligned): thread t reads columns 8 (t % 8) ... + 7 of
 // rows t / 8 and t / 8 + 32 (16- or 32-byte loads), writes their 8 bytes
 // row-major, and then 8 bytes of the transpose: 8 rows of one column.
-template <typename T, Fp8CastFormat F, Fp8CastOp Op>
+template <typename T, Fp8CastFormat F, Fp8CastOp Op, bool kSums>
 __global__ void __launch_bounds__(kVecThreads)
     fp8_cast_vec_kernel(Fp8CastArgs a) {
   __shared__ uint32_t tile[kTile][kVecRowWords];
@@ -320,9 +338,11 @@ __global__ void __launch_bounds__(kVecThreads)
     const int i = t / 8 + 32 * k;
     const int64_t r = row0 + i;
     if (r < a.rows && c < a.cols) {
+      if constexpr (kSums) {
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        sums[q] += v[k][q];
+        for (int q = 0; q < 8; ++q) {
+          sums[q] += v[k][q];
+        }
       }
       const uint2 b = convert_eight<F>(v[k], scale, a.saturate_inf, m);
       if (a.out != nullptr) {
@@ -335,7 +355,7 @@ __global__ void __launch_bounds__(kVecThreads)
   if (a.amax != nullptr) {
     fold_amax<kVecThreads / 32>(m, a.amax);
   }
-  if (a.column_partials != nullptr) {
+  if constexpr (kSums) {
     // The tile's column sums: the 32 row groups' partial sums added in
     // order by one thread a column (the same bits every run).
     __shared__ float group_sums[32][kTile];
@@ -395,21 +415,35 @@ __global__ void __launch_bounds__(kAmaxThreads)
   fold_amax<kAmaxThreads / 32>(m, amax);
 }
 
-template <typename T, Fp8CastFormat F>
-void launch_vec(const dim3& grid, const Fp8CastArgs& a, cudaStream_t stream) {
+template <typename T, Fp8CastFormat F, bool kSums>
+void launch_vec_sums(
+    const dim3& grid,
+    const Fp8CastArgs& a,
+    cudaStream_t stream) {
   switch (a.op) {
     case Fp8CastOp::kNone:
-      fp8_cast_vec_kernel<T, F, Fp8CastOp::kNone>
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kNone, kSums>
           <<<grid, kVecThreads, 0, stream>>>(a);
       break;
     case Fp8CastOp::kGelu:
-      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGelu>
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGelu, kSums>
           <<<grid, kVecThreads, 0, stream>>>(a);
       break;
     case Fp8CastOp::kGeluBackward:
-      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGeluBackward>
+      fp8_cast_vec_kernel<T, F, Fp8CastOp::kGeluBackward, kSums>
           <<<grid, kVecThreads, 0, stream>>>(a);
       break;
+  }
+}
+
+// NOTE: the column sums are a template argument: a cast that writes none
+// (the inputs', the weights') adds nothing up.
+template <typename T, Fp8CastFormat F>
+void launch_vec(const dim3& grid, const Fp8CastArgs& a, cudaStream_t stream) {
+  if (a.column_partials != nullptr) {
+    launch_vec_sums<T, F, true>(grid, a, stream);
+  } else {
+    launch_vec_sums<T, F, false>(grid, a, stream);
   }
 }
 

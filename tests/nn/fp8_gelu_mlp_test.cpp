@@ -3,8 +3,9 @@
 // at::gelu, FP8 linear) -- the output, every gradient and both layers'
 // delayed-scaling state, bit for bit -- under current and delayed scaling,
 // in fp32 and under bf16 autocast, and in a checkpoint's recompute. On a GPU
-// the cast kernels' GELU and its derivative are ATen's, bit for bit, and a
-// graphed step is an eager one.
+// the cast kernels' GELU and its derivative are ATen's formulas with a
+// faster tanh (within a rounding of ATen's values), and a graphed step is
+// an eager one.
 
 #include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
@@ -103,9 +104,12 @@ Run run(
   return out;
 }
 
+// Bit for bit where `tolerance` is 0, else each value within it
+// (relative and absolute).
 void expect_same_runs(
     torch::Device device,
-    std::optional<torch::ScalarType> autocast) {
+    std::optional<torch::ScalarType> autocast,
+    double tolerance = 0) {
   for (const auto& recipe : {lamp::Fp8Recipe(), delayed()}) {
     const bool is_delayed = recipe.scaling() == lamp::Fp8Scaling::kDelayed;
     const auto three = run(false, recipe, device, autocast);
@@ -118,7 +122,14 @@ void expect_same_runs(
       ASSERT_TRUE(fused.values[i].defined()) << what;
       EXPECT_EQ(fused.values[i].scalar_type(), three.values[i].scalar_type())
           << what;
-      EXPECT_TRUE(torch::equal(fused.values[i], three.values[i])) << what;
+      if (tolerance == 0) {
+        EXPECT_TRUE(torch::equal(fused.values[i], three.values[i])) << what;
+      } else {
+        EXPECT_TRUE(torch::allclose(
+            fused.values[i], three.values[i], tolerance, tolerance))
+            << what << ": largest difference "
+            << (fused.values[i] - three.values[i]).abs().max().item<double>();
+      }
     }
   }
 }
@@ -165,7 +176,45 @@ TEST(Fp8GeluMlp, TheFunctionalFormTakesTheFp8Path) {
 
 #if LAMP_WITH_CUDA
 
-TEST(Fp8GeluMlpGpu, CastOpsAreAtensOpsBitForBit) {
+// The value an FP8 tensor's bytes stand for: its elements times the
+// inverse scale, in double.
+torch::Tensor dequantised(const torch::Tensor& q, const torch::Tensor& inv) {
+  return q.to(torch::kDouble).cpu() * inv.to(torch::kDouble).cpu();
+}
+
+// `fused`'s bytes against `plain`'s, cast with (nearly) the same scale:
+// each within one FP8 step (the spacing of the format at the value, or its
+// smallest subnormal) plus `scale_error` of the value, and at most
+// `max_differing` of the bytes different at all.
+void expect_within_a_step(
+    const torch::Tensor& fused,
+    const torch::Tensor& fused_inv,
+    const torch::Tensor& plain,
+    const torch::Tensor& plain_inv,
+    double scale_error,
+    double max_differing,
+    const std::string& what) {
+  const bool e4m3 = plain.scalar_type() == torch::kFloat8_e4m3fn;
+  const double step = e4m3 ? 0.125 : 0.25; // 2^-mantissa bits
+  const double subnormal = e4m3 ? 1.0 / 512 : 1.0 / 65536;
+  const auto f = dequantised(fused, fused_inv);
+  const auto p = dequantised(plain, plain_inv);
+  const double inv = plain_inv.item<double>();
+  EXPECT_TRUE(torch::allclose(f, p, step + scale_error, subnormal * inv * 1.01))
+      << what << ": largest difference " << (f - p).abs().max().item<double>();
+  const double differing = fused.view(torch::kUInt8)
+                               .ne(plain.view(torch::kUInt8))
+                               .sum()
+                               .item<double>() /
+      static_cast<double>(plain.numel());
+  EXPECT_LE(differing, max_differing) << what;
+}
+
+// The cast kernels' GELU and its derivative are ATen's formulas with a
+// faster tanh (~1e-6 from tanhf, fp8_cast_kernel.cu): rounded to the
+// operand's type a value can differ from ATen's by one unit where it lies
+// within ~1e-6 of a rounding boundary, and in FP8 rarely at all.
+TEST(Fp8GeluMlpGpu, CastOpsAreAtensOpsWithinTheirRounding) {
   LAMP_SKIP_WITHOUT_CUDA();
   using lamp::nn::detail::fp8_cast_delayed_cuda;
   using lamp::nn::detail::fp8_cast_tensorwise_cuda;
@@ -189,26 +238,44 @@ TEST(Fp8GeluMlpGpu, CastOpsAreAtensOpsBitForBit) {
             " " + std::string(c10::toString(dtype)) +
             (bwd ? " dgelu" : " gelu");
         const auto fp8 = bwd ? torch::kFloat8_e5m2 : torch::kFloat8_e4m3fn;
-        // Current scaling: the amax (so the scale) and every byte.
+        // The op's values in the operand's type: one unit (2^-7 of the
+        // value for bf16) apart where they differ.
+        const double unit = dtype == torch::kBFloat16 ? 1.0 / 128
+            : dtype == torch::kHalf                   ? 1.0 / 1024
+                                                      : 1e-5;
+        // Current scaling: the amax (so the scale), every byte, the sums.
         const auto fused =
             fp8_cast_tensorwise_cuda(x, fp8, true, true, true, op, aux);
         const auto plain =
             fp8_cast_tensorwise_cuda(source, fp8, true, true, true);
-        EXPECT_TRUE(torch::equal(fused.inverse_scale, plain.inverse_scale))
+        EXPECT_TRUE(
+            torch::allclose(fused.inverse_scale, plain.inverse_scale, unit, 0))
             << what;
+        expect_within_a_step(
+            fused.data,
+            fused.inverse_scale,
+            plain.data,
+            plain.inverse_scale,
+            unit,
+            0.05,
+            what + " (current)");
         EXPECT_TRUE(torch::equal(
-            fused.data.view(torch::kUInt8), plain.data.view(torch::kUInt8)))
-            << what;
-        EXPECT_TRUE(torch::equal(
-            fused.data_t.view(torch::kUInt8), plain.data_t.view(torch::kUInt8)))
+            fused.data_t.t().contiguous().view(torch::kUInt8),
+            fused.data.view(torch::kUInt8)))
             << what;
         ASSERT_EQ(fused.column_sums.defined(), plain.column_sums.defined())
             << what;
         if (fused.column_sums.defined()) {
-          EXPECT_TRUE(torch::equal(fused.column_sums, plain.column_sums))
+          // Sums of up to 256 values, each within a unit of ATen's.
+          const auto size = source.to(torch::kFloat).abs().sum(0);
+          EXPECT_TRUE(((fused.column_sums - plain.column_sums).abs() <=
+                       size * unit + 1e-6)
+                          .all()
+                          .item<bool>())
               << what;
         }
-        // Delayed scaling: the recorded amax.
+        // Delayed scaling, one scale for both: the recorded amax, and the
+        // bytes, nearly all equal.
         const auto f32 = torch::TensorOptions(cuda).dtype(torch::kFloat);
         const auto scale = torch::full({}, 2.0f, f32);
         auto amax_fused = torch::zeros({}, f32);
@@ -217,10 +284,15 @@ TEST(Fp8GeluMlpGpu, CastOpsAreAtensOpsBitForBit) {
             x, fp8, scale, amax_fused, true, false, false, op, aux);
         const auto d_plain = fp8_cast_delayed_cuda(
             source, fp8, scale, amax_plain, true, false, false);
-        EXPECT_TRUE(torch::equal(amax_fused, amax_plain)) << what;
-        EXPECT_TRUE(torch::equal(
-            d_fused.data.view(torch::kUInt8), d_plain.data.view(torch::kUInt8)))
-            << what;
+        EXPECT_TRUE(torch::allclose(amax_fused, amax_plain, unit, 0)) << what;
+        expect_within_a_step(
+            d_fused.data,
+            d_fused.inverse_scale,
+            d_plain.data,
+            d_plain.inverse_scale,
+            0,
+            0.002,
+            what + " (delayed)");
       }
     }
   }
@@ -271,10 +343,13 @@ TEST(Fp8GeluMlpGpu, GraphedStepsEqualEagerSteps) {
   EXPECT_TRUE(torch::equal(graphed_history, eager_history));
 }
 
-TEST(Fp8GeluMlpGpu, IsTheThreeFp8OpsBitForBit) {
+// On a GPU the casts' GELU has the faster tanh (above): an FP8 byte of
+// the hidden activations or their gradient one step off now and then
+// (12 % of that value), nothing more.
+TEST(Fp8GeluMlpGpu, IsTheThreeFp8OpsWithinTheCastsRounding) {
   LAMP_SKIP_WITHOUT_CUDA();
-  expect_same_runs(torch::Device(torch::kCUDA), torch::kBFloat16);
-  expect_same_runs(torch::Device(torch::kCUDA), std::nullopt);
+  expect_same_runs(torch::Device(torch::kCUDA), torch::kBFloat16, 0.02);
+  expect_same_runs(torch::Device(torch::kCUDA), std::nullopt, 0.02);
 }
 
 #endif
