@@ -43,46 +43,51 @@ __device__ inline unsigned abs_bits(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
 }
 
-// tanh(u) as 1 - 2 / (1 + e^(2u)) with the hardware's approximate exp2 and
-// reciprocal: 5 instructions where tanhf takes 14, within ~1e-6 of it (a
-// few units in the last place of the exp2, more as |u| grows: the product
-// u * 2 log2(e) is rounded). The GELU casts are bound by the instructions
-// they issue (docs/design/fp8.md). Saturates to exactly +-1 (e^(2u)
-// overflows to inf or flushes to 0) where tanhf does; NaN stays NaN.
-__device__ inline float fast_tanh(float u) {
+// e^(2u) and 1 / (1 + e^(2u)) with the hardware's approximate exp2 and
+// reciprocal (a few units in the last place of each, the exp2's more as
+// |u| grows: the product u * 2 log2(e) is rounded). tanh(u) = 1 - 2r, in 5
+// instructions where tanhf takes 14: the GELU casts are bound by the
+// instructions they issue (docs/design/fp8.md). e overflows to inf (r 0)
+// or flushes to 0 (r 1) where tanhf is +-1; NaN stays NaN.
+struct TanhParts {
   float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(u * 2.88539008f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
-  return fmaf(-2.0f, r, 1.0f);
+};
+__device__ inline TanhParts tanh_parts(float u) {
+  TanhParts p;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p.e) : "f"(u * 2.88539008f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(p.r) : "f"(1.0f + p.e));
+  return p;
 }
 
 // GELU's tanh approximation and its derivative in fp32, with ATen's CUDA
-// kernels' constants (sqrt(2 / pi) from the double product, rounded once)
-// and order of operations, tanh aside: rounded to x's type they are
-// at::gelu(x, "tanh") and at::gelu_backward(dy, x, "tanh") but where the
-// fast tanh's ~1e-6 moves a value across a rounding boundary
-// (Fp8GeluMlpGpu.CastOpsAreAtensOpsWithinTheirRounding bounds it).
+// kernels' constants (sqrt(2 / pi) from the double product, rounded once).
+// - The forward is ATen's formula and order of operations with tanh from
+//   tanh_parts (within ~1e-6 of tanhf): rounded to x's type it is
+//   at::gelu(x, "tanh") but where that moves a value across a rounding
+//   boundary.
+// - The derivative is rewritten so that nothing cancels: with t = 1 - 2r,
+//   1 + t = 2er and 1 - t^2 = 4er^2, so gelu'(x) = er (1 + 2xr beta (1 +
+//   3 kappa x^2)). ATen's 1 - t * t loses the small derivatives of x below
+//   about -2 (down to a wrong sign or 0); this keeps them within a few
+//   units of fp32 of the exact value.
+// Fp8GeluMlpGpu.CastOpsAreWithinARoundingOfTheExactOps checks both.
 constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
 constexpr float kGeluKappa = 0.044715f;
 
 __device__ inline float gelu_tanh(float x) {
   const float x_cube = x * x * x;
   const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
-  return 0.5f * x * (1.0f + fast_tanh(inner));
+  return 0.5f * x * (1.0f + fmaf(-2.0f, tanh_parts(inner).r, 1.0f));
 }
 
 __device__ inline float gelu_tanh_backward(float dy, float x) {
   const float x_sq = x * x;
-  const float x_cube = x_sq * x;
-  const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
-  const float tanh_inner = fast_tanh(inner);
-  const float left = 0.5f * x;
-  const float right = 1.0f + tanh_inner;
-  const float left_derivative = 0.5f * right;
-  const float tanh_derivative = 1.0f - tanh_inner * tanh_inner;
+  const float inner = kGeluBeta * (x + kGeluKappa * (x_sq * x));
+  const auto [e, r] = tanh_parts(inner);
+  // e / (1 + e): as 1 - r once e >= 1 (e may be inf, r 0).
+  const float er = e < 1.0f ? e * r : 1.0f - r;
   const float inner_derivative = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x_sq);
-  const float right_derivative = left * tanh_derivative * inner_derivative;
-  return dy * (left_derivative + right_derivative);
+  return dy * (er * fmaf(2.0f * x * r, inner_derivative, 1.0f));
 }
 
 // op(v, aux) rounded to T, as a float (Fp8CastOp).
@@ -292,8 +297,10 @@ constexpr int kVecRowWords = kTile / 4 + 1;
 // of 8, x 16-byte aligned): thread t reads columns 8 (t % 8) ... + 7 of
 // rows t / 8 and t / 8 + 32 (16- or 32-byte loads), writes their 8 bytes
 // row-major, and then 8 bytes of the transpose: 8 rows of one column.
+// NOTE: registers held to 6 blocks an SM (40 a thread), 5 with a GELU (48):
+// the GELU backward would take 53 (4 blocks). None spills.
 template <typename T, Fp8CastFormat F, Fp8CastOp Op, bool kSums>
-__global__ void __launch_bounds__(kVecThreads)
+__global__ void __launch_bounds__(kVecThreads, Op == Fp8CastOp::kNone ? 6 : 5)
     fp8_cast_vec_kernel(Fp8CastArgs a) {
   __shared__ uint32_t tile[kTile][kVecRowWords];
   const T* x = static_cast<const T*>(a.x);
