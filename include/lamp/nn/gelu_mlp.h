@@ -25,7 +25,10 @@ namespace lamp::nn {
 /// current scaling, with the GELU inside the FP8 casts between them (the
 /// hidden activation cast from the pre-activation, its gradient with GELU's
 /// derivative): the values of lamp::nn::linear, at::gelu and
-/// lamp::nn::linear in that scope, bit for bit, without their GELU passes.
+/// lamp::nn::linear in that scope, without their GELU passes -- bit for bit
+/// on the CPU; on a GPU within a rounding of the GELU's values, whose tanh
+/// is the hardware's faster form and whose derivative is computed without
+/// ATen's cancellation (an FP8 byte one step apart now and then).
 /// Otherwise (CPU, fp32 or float64, no gradients, widths not a multiple of
 /// 8, double backward) it is the three ops.
 ///
@@ -45,8 +48,9 @@ LAMP_API torch::Tensor gelu_mlp(
 /// `gelu_mlp` with two `lamp::nn::Linear` layers (both with a bias). In an
 /// FP8 scope (lamp/fp8.h) with each layer's scaling as its forward would
 /// use it (under delayed scaling its own state, updated as its forward
-/// updates it): the values of `proj(gelu(fc(x)))`, bit for bit, the GELU
-/// inside the casts; otherwise `gelu_mlp` of their parameters.
+/// updates it): the values of `proj(gelu(fc(x)))` (as above: bit for bit
+/// on the CPU, within the GELU's rounding on a GPU), the GELU inside the
+/// casts; otherwise `gelu_mlp` of their parameters.
 ///
 /// Example:
 /// \code
