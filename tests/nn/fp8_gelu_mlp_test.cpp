@@ -330,10 +330,12 @@ TEST(Fp8GeluMlpGpu, CastOpsAreWithinARoundingOfTheExactOps) {
             0,
             0.002,
             what + " (delayed)");
-        EXPECT_LE(
-            differing(d_fused.data, d_plain.data),
-            differing(d_aten.data, d_plain.data))
-            << what << ": farther from the source than ATen's op";
+        if (bwd) {
+          EXPECT_LE(
+              differing(d_fused.data, d_plain.data),
+              differing(d_aten.data, d_plain.data))
+              << what << ": farther from the exact values than ATen's op";
+        }
       }
     }
   }
