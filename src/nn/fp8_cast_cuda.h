@@ -2,8 +2,9 @@
 
 // Internal: lamp::nn::linear's FP8 casts on CUDA, one kernel each
 // (fp8_cast_kernel.h): quantize_delayed's and quantize_tensorwise's results
-// (fp8_linear.h), bit for bit, with the row-major copy, the transposed copy
-// the backward's GEMMs take, or both, from one read of the operand; and
+// (fp8_linear.h), bit for bit (a GELU op within a rounding of ATen's:
+// fp8_cast_kernel.cu), with the row-major copy, the transposed copy the
+// backward's GEMMs take, or both, from one read of the operand; and
 // delayed scaling's update in one kernel.
 
 #include <ATen/core/Tensor.h>

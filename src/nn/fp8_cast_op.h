@@ -10,7 +10,9 @@ namespace lamp::nn::detail {
 // its pre-activation; or x times GELU's derivative at `aux` (the
 // pre-activation), that activation's gradient. The op's result is rounded
 // to x's type before it is scaled, as ATen's gelu / gelu_backward output
-// it, and it is what amax and the column sums see.
+// it, and it is what amax and the column sums see. The reference runs
+// ATen's ops; the CUDA kernels' ops are within a rounding of them
+// (fp8_cast_kernel.cu).
 enum class Fp8CastOp { kNone, kGelu, kGeluBackward };
 
 } // namespace lamp::nn::detail
