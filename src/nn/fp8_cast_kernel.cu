@@ -298,9 +298,16 @@ constexpr int kVecRowWords = kTile / 4 + 1;
 // rows t / 8 and t / 8 + 32 (16- or 32-byte loads), writes their 8 bytes
 // row-major, and then 8 bytes of the transpose: 8 rows of one column.
 // NOTE: registers held to 6 blocks an SM (40 a thread), 5 with a GELU (48):
-// the GELU backward would take 53 (4 blocks). None spills.
+// the GELU backward would take 53 (4 blocks). None spills. Where an SM
+// holds fewer than 1,536 threads (before sm_80; FP8 runs on sm_89 and
+// newer) no bound.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define LAMP_FP8_CAST_MIN_BLOCKS(op) 1
+#else
+#define LAMP_FP8_CAST_MIN_BLOCKS(op) ((op) == Fp8CastOp::kNone ? 6 : 5)
+#endif
 template <typename T, Fp8CastFormat F, Fp8CastOp Op, bool kSums>
-__global__ void __launch_bounds__(kVecThreads, Op == Fp8CastOp::kNone ? 6 : 5)
+__global__ void __launch_bounds__(kVecThreads, LAMP_FP8_CAST_MIN_BLOCKS(Op))
     fp8_cast_vec_kernel(Fp8CastArgs a) {
   __shared__ uint32_t tile[kTile][kVecRowWords];
   const T* x = static_cast<const T*>(a.x);
