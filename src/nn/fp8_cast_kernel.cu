@@ -251,8 +251,8 @@ struct Eight<__nv_bfloat16>
 // case) only the conversion runs, two values an instruction (its
 // saturation is the reference's clamp: finite values past the format's
 // largest become it, -0 stays -0); otherwise to_fp8's special cases,
-// element by element. The casts are bound by the instructions they issue
-// as much as by memory (docs/design/fp8.md), so the test for the usual
+// element by element. The GELU casts are bound by the instructions they
+// issue, the others nearly (docs/design/fp8.md), so the test for the usual
 // case is one multiply: rounding is monotonic, so the largest |x * scale|
 // is the largest |x| times |scale|, finite exactly when every one is.
 template <Fp8CastFormat F>
