@@ -1,8 +1,8 @@
 #pragma once
 
 // GPT-2 as nanoGPT's model.py and llm.c's train_gpt2 have it: pre-LN
-// blocks, causal self-attention through scaled_dot_product_attention (flash
-// or cuDNN kernels on a GPU), a GELU (tanh) MLP, learned positions, and the
+// blocks, causal self-attention (lamp::nn::qkv_attention: cuDNN's fused
+// attention on a GPU), a GELU (tanh) MLP, learned positions, and the
 // LM head tied to the token embedding. Module names are nanoGPT's (without
 // its `transformer.` prefix), so benchmarks/gpt2.py loads lamp's checkpoints
 // with load_state_dict(strict=True).
@@ -76,19 +76,11 @@ struct AttentionImpl : torch::nn::Module {
         register_module("resid_dropout", torch::nn::Dropout(c.dropout));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-    auto qkv = c_attn(x).split(c, 2);
-    for (auto& y : qkv) {
-      y = y.view({b, t, n_head, c / n_head}).transpose(1, 2);
-    }
-    auto y = at::scaled_dot_product_attention(
-        qkv[0],
-        qkv[1],
-        qkv[2],
-        /*attn_mask=*/std::nullopt,
-        is_training() ? dropout : 0.0,
-        /*is_causal=*/true);
-    y = y.transpose(1, 2).contiguous().view({b, t, c});
+    // Python: split c_attn's output into q, k and v, their heads, and
+    // F.scaled_dot_product_attention(q, k, v, is_causal=True); here with
+    // the gradients of q, k and v written into one tensor on a GPU.
+    auto y = lamp::nn::qkv_attention(
+        c_attn(x), n_head, /*is_causal=*/true, is_training() ? dropout : 0.0);
     return resid_dropout(c_proj(y));
   }
   int64_t n_head;

@@ -14,4 +14,5 @@
 #include <lamp/nn/linear.h>
 #include <lamp/nn/linear_cross_entropy.h>
 #include <lamp/nn/max_pool.h>
+#include <lamp/nn/qkv_attention.h>
 #include <lamp/nn/space_to_depth_conv.h>

@@ -49,4 +49,11 @@ LAMP_API int64_t fp8_linear_weight_cast_count();
 /// its layers, once they are known).
 LAMP_API int64_t fp8_amax_reduction_count();
 
+/// Why this thread's last `qkv_attention` call ran ATen's attention instead
+/// of lamp's cuDNN graphs ("" when it ran them), e.g. "dropout_p > 0".
+LAMP_API std::string qkv_attention_fallback_reason();
+
+/// `qkv_attention` calls in this process that ran lamp's cuDNN graphs.
+LAMP_API int64_t qkv_attention_cudnn_count();
+
 } // namespace lamp::nn::detail
