@@ -49,7 +49,9 @@ struct LAMP_API LinearCrossEntropyOptions {
 /// Python's `cross_entropy`); the loss is fp32. Gradients come back in the
 /// input's and the weight's dtypes, equal to Python's within rounding (the
 /// logits' gradient is rounded to the GEMM dtype unscaled, the weight's
-/// summed in fp32). Any device: on CUDA lamp's kernel, elsewhere ATen's
+/// summed in fp32 and returned in the weight's dtype: an fp32 weight under
+/// autocast gets an fp32 gradient never rounded to bf16, where Python's is
+/// a bf16 one cast back). Any device: on CUDA lamp's kernel, elsewhere ATen's
 /// ops. A target out of range is a `c10::IndexError` on the CPU and a NaN
 /// loss on CUDA (checking it there would be a host sync). No bias; no
 /// double backward.
