@@ -1,7 +1,8 @@
 // lamp::nn::qkv_attention against the Python lines it stands for (split
 // into q, k and v, their heads, ATen's scaled_dot_product_attention, the
 // heads back side by side): values and qkv's gradient. On the CPU the same
-// ops; on a GPU lamp's cuDNN graphs against ATen's attention and both
+// ops, and Python's own results bit for bit (qkv_attention_oracle.py); on
+// a GPU lamp's cuDNN graphs against ATen's attention and both
 // against float32 attention of the same inputs, under autocast, captured
 // in a CUDA graph, and the cases that take ATen's path (and say why).
 
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -96,6 +98,57 @@ TEST(QkvAttention, IsThePythonLinesOnTheCpu) {
     }
   }
   EXPECT_NE(lamp::nn::detail::qkv_attention_fallback_reason(), "");
+}
+
+// qkv_attention_oracle.py's case, computed by lamp: {"y": bits, "g": ...}.
+std::map<std::string, std::string> lamp_case(const std::string& c) {
+  const bool bf16 = c.rfind("bf16", 0) == 0;
+  const bool causal = c.find(":1") != std::string::npos;
+  const bool autocast = c.find(":autocast") != std::string::npos;
+  torch::manual_seed(0);
+  auto qkv = torch::randn({2, 6, 3 * 8});
+  auto g = torch::randn({2, 6, 8});
+  if (!autocast && bf16) {
+    qkv = qkv.to(torch::kBFloat16);
+    g = g.to(torch::kBFloat16);
+  }
+  qkv.requires_grad_();
+  torch::Tensor y;
+  {
+    lamp::AutocastGuard guard(torch::kCPU, torch::kBFloat16, autocast);
+    y = lamp::nn::qkv_attention(qkv, 2, causal);
+  }
+  y.backward(g.to(y.scalar_type()));
+  return {
+      {"y", lamp::test::hex_bits(y)}, {"g", lamp::test::hex_bits(qkv.grad())}};
+}
+
+TEST(QkvAttention, EqualsPythonsLinesBitForBitOnTheCpu) {
+  LAMP_SKIP_WITHOUT_PYTHON_ORACLE();
+  const std::vector<std::string> cases = {
+      "f32:1", "f32:0", "bf16:1", "bf16:0", "f32:1:autocast"};
+  std::string args;
+  for (const auto& c : cases) {
+    args += " " + c;
+  }
+  std::map<std::string, std::map<std::string, std::string>> expected;
+  std::string current;
+  for (const auto& line : lamp::test::split_lines(
+           lamp::test::run_python_oracle("nn/qkv_attention_oracle.py", args))) {
+    if (line.at(0) == "case") {
+      current = line.at(1);
+      continue;
+    }
+    std::string bits;
+    for (size_t i = 1; i < line.size(); ++i) {
+      bits += (i == 1 ? "" : " ") + line[i];
+    }
+    expected[current][line.at(0)] = bits;
+  }
+  ASSERT_EQ(expected.size(), cases.size());
+  for (const auto& c : cases) {
+    EXPECT_EQ(lamp_case(c), expected[c]) << c;
+  }
 }
 
 TEST(QkvAttention, CausalMeansEarlierTokensOnly) {
