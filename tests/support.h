@@ -123,6 +123,33 @@ inline std::vector<std::vector<std::string>> split_lines(
   return lines;
 }
 
+/// Runs a Python oracle that prints, for each of `cases` (its arguments),
+/// a line "case NAME" and then lines "KEY WORD...": returns each case's
+/// {KEY: its words joined by spaces} (the oracles' bits, compared with
+/// hex_bits' strings).
+inline std::map<std::string, std::map<std::string, std::string>> oracle_cases(
+    const std::string& script,
+    const std::vector<std::string>& cases) {
+  std::string args;
+  for (const auto& c : cases) {
+    args += " " + c;
+  }
+  std::map<std::string, std::map<std::string, std::string>> out;
+  std::string current;
+  for (const auto& line : split_lines(run_python_oracle(script, args))) {
+    if (line.at(0) == "case") {
+      current = line.at(1);
+      continue;
+    }
+    std::string words;
+    for (size_t i = 1; i < line.size(); ++i) {
+      words += (i == 1 ? "" : " ") + line[i];
+    }
+    out[current][line.at(0)] = words;
+  }
+  return out;
+}
+
 /// The bits of each element of `t` (4- or 2-byte elements) as hex words
 /// separated by spaces, as the Python oracles print them: equal strings
 /// are bitwise-equal tensors.

@@ -17,18 +17,10 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import torch
+from oracle_bits import hex_bits
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 SHAPES = {2: (3, 5), 3: (2, 3, 5), 4: (2, 2, 3, 5)}
-
-
-def hex_bits(t):
-    t = t.detach().contiguous()
-    view = torch.int32 if t.element_size() == 4 else torch.int16
-    mask = 0xFFFFFFFF if t.element_size() == 4 else 0xFFFF
-    width = 8 if t.element_size() == 4 else 4
-    bits = t.view(view).flatten().tolist()
-    return " ".join(f"{b & mask:0{width}x}" for b in bits)
 
 
 def run(case):

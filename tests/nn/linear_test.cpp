@@ -93,27 +93,10 @@ TEST(Linear, EqualsPythonsOpForOpInEveryDtypeAndRank) {
   }
   cases.push_back("f32:3:1:autocast");
   cases.push_back("f32:2:1:autocast");
-  std::string args;
-  for (const auto& c : cases) {
-    args += " " + c;
-  }
-  std::map<std::string, std::map<std::string, std::string>> expected;
-  std::string current;
-  for (const auto& line : lamp::test::split_lines(
-           lamp::test::run_python_oracle("nn/linear_oracle.py", args))) {
-    if (line.at(0) == "case") {
-      current = line.at(1);
-      continue;
-    }
-    std::string bits;
-    for (size_t i = 1; i < line.size(); ++i) {
-      bits += (i == 1 ? "" : " ") + line[i];
-    }
-    expected[current][line.at(0)] = bits;
-  }
+  const auto expected = lamp::test::oracle_cases("nn/linear_oracle.py", cases);
   ASSERT_EQ(expected.size(), cases.size());
   for (const auto& c : cases) {
-    EXPECT_EQ(lamp_case(c), expected[c]) << c;
+    EXPECT_EQ(lamp_case(c), expected.at(c)) << c;
   }
 }
 
