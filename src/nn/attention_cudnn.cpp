@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -110,22 +111,35 @@ struct Builder {
   }
 };
 
+// Q, K and V where they lie in [B, T, 3C], given uids in that order.
+std::array<TensorPtr, 3> qkv_inputs(Builder& b, const Layout& l) {
+  // NOTE: a braced list is evaluated left to right: the uids' order.
+  return {
+      b.input("q", l.dims, l.packed),
+      b.input("k", l.dims, l.packed),
+      b.input("v", l.dims, l.packed)};
+}
+
+// PyTorch's is_causal: the diagonal from the top left corner (forward and
+// backward attributes have the same setters).
+template <typename Attributes>
+void set_mask(Attributes& options, bool causal) {
+  if (causal) {
+    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
+  }
+}
+
 // Q, K, V, scale, O, stats: the order of run()'s pointers.
 CudnnGraph build_forward(const AttentionProblem& p, at::ScalarType type) {
   const Layout l = layout_of(p);
   Builder b(type);
-  auto Q = b.input("q", l.dims, l.packed);
-  auto K = b.input("k", l.dims, l.packed);
-  auto V = b.input("v", l.dims, l.packed);
+  const auto [Q, K, V] = qkv_inputs(b, l);
   auto options = fe::graph::SDPA_attributes()
                      .set_name("sdpa")
                      .set_generate_stats(true)
                      .set_attn_scale(b.scale());
-  if (p.causal) {
-    // PyTorch's is_causal: the diagonal from the top left corner.
-    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-        .set_diagonal_band_right_bound(0);
-  }
+  set_mask(options, p.causal);
   auto [O, stats] = b.g->sdpa(Q, K, V, options);
   O->set_output(true).set_dim(l.dims).set_stride(l.plain);
   stats->set_output(true)
@@ -142,9 +156,7 @@ CudnnGraph build_forward(const AttentionProblem& p, at::ScalarType type) {
 CudnnGraph build_backward(const AttentionProblem& p, at::ScalarType type) {
   const Layout l = layout_of(p);
   Builder b(type);
-  auto Q = b.input("q", l.dims, l.packed);
-  auto K = b.input("k", l.dims, l.packed);
-  auto V = b.input("v", l.dims, l.packed);
+  const auto [Q, K, V] = qkv_inputs(b, l);
   auto O = b.input("o", l.dims, l.plain);
   auto dO = b.input("do", l.dims, l.plain);
   auto stats = b.g->tensor(fe::graph::Tensor_attributes()
@@ -156,10 +168,7 @@ CudnnGraph build_backward(const AttentionProblem& p, at::ScalarType type) {
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("sdpa_backward")
                      .set_attn_scale(b.scale());
-  if (p.causal) {
-    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-        .set_diagonal_band_right_bound(0);
-  }
+  set_mask(options, p.causal);
   auto [dQ, dK, dV] = b.g->sdpa_backward(Q, K, V, O, dO, stats, options);
   for (const auto& t : {dQ, dK, dV}) {
     t->set_output(true).set_dim(l.dims).set_stride(l.packed);
