@@ -30,9 +30,11 @@ namespace lamp::nn {
 /// read q, k and v where they lie and write their gradients into one
 /// (B, T, 3C) tensor: the same kernels as ATen's cuDNN attention, without
 /// the copy. Elsewhere, with `dropout_p` > 0, or where cuDNN has no plan
-/// for the shape (the head size a multiple of 8, at most 128 on Hopper), it
-/// runs the Python lines above with ATen's ops. No double backward on the
-/// cuDNN path.
+/// for the shape (the head size must be a multiple of 8; cuDNN decides the
+/// rest, asked once per shape), it runs the Python lines above with ATen's
+/// ops. No double backward on the cuDNN path. The first call with a shape
+/// plans cuDNN's graphs, so it must not be inside a CUDA graph capture
+/// (`GraphedStep`'s warm-up steps make that call).
 ///
 /// \param qkv (B, T, 3C), C a multiple of `n_head`.
 /// \param n_head the number of heads.
