@@ -2,7 +2,8 @@
 
 // Internal: cuDNN graphs through the header-only cudnn-frontend, built once
 // per problem on this thread and run on the current stream. Only with
-// LAMP_WITH_CUDNN_FRONTEND (src/nn/conv_stats_cudnn.cpp and attention_cudnn.cpp use it).
+// LAMP_WITH_CUDNN_FRONTEND (src/nn/conv_stats_cudnn.cpp and
+// attention_cudnn.cpp use it).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
