@@ -108,8 +108,9 @@ torch::Tensor qkv_attention(
       at::autocast::is_autocast_eligible(qkv, device)) {
     x = qkv.to(at::autocast::get_autocast_dtype(device));
   }
+#if !LAMP_WITH_CUDNN_FRONTEND
   last_fallback_reason = "lamp was built without its cuDNN graph code";
-#if LAMP_WITH_CUDNN_FRONTEND
+#else
   const bool wants_grad = x.requires_grad() && at::GradMode::is_enabled();
   if (dropout_p > 0.0) {
     // NOTE: cuDNN's dropout takes a Philox seed and offset that ATen's
