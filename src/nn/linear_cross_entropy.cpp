@@ -216,13 +216,19 @@ torch::Tensor linear_cross_entropy(
   auto x = input.reshape({-1, input.size(-1)});
   const auto device = input.device().type();
   at::ScalarType gemm_dtype = weight.scalar_type();
+  // What autocast would cast: floating point, not float64 (the weight is
+  // cast below only where autocast's own cast would have cast it).
+  bool weight_cast = false;
   if (at::autocast::is_autocast_enabled(device) &&
       at::autocast::is_autocast_eligible(input, device)) {
     gemm_dtype = at::autocast::get_autocast_dtype(device);
     x = x.to(gemm_dtype);
+    weight_cast = at::autocast::is_autocast_eligible(weight, device) &&
+        weight.scalar_type() != at::kDouble;
   }
   TORCH_CHECK_VALUE(
       x.is_floating_point() && x.scalar_type() == gemm_dtype &&
+          (weight.scalar_type() == gemm_dtype || weight_cast) &&
           x.device() == weight.device() && target.device() == x.device(),
       name,
       ": input and weight must be floating point of one dtype, on the "

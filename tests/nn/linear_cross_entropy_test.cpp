@@ -138,6 +138,26 @@ TEST(LinearCrossEntropy, UnderAutocastTheGemmsRunInItsDtype) {
   EXPECT_EQ(got.dx.scalar_type(), torch::kFloat);
 }
 
+// Under autocast the weight is cast inside the op: an fp32 weight gets its
+// fp32 gradient as summed (not rounded to bf16, as Python's is, and cast
+// back); a weight autocast would not cast (float64) is an error, as in
+// Python's F.linear.
+TEST(LinearCrossEntropy, UnderAutocastAnFp32WeightGetsAnUnroundedGradient) {
+  const auto p = problem({2, 8, 16}, 37);
+  Result got;
+  {
+    lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    got = fused(p, LinearCrossEntropyOptions().chunk_size(5));
+  }
+  ASSERT_EQ(got.dw.scalar_type(), torch::kFloat);
+  EXPECT_FALSE(
+      torch::equal(got.dw, got.dw.to(torch::kBFloat16).to(torch::kFloat)));
+  lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] { lamp::nn::linear_cross_entropy(p.x, p.w.to(torch::kDouble), p.t); },
+      "input and weight must be floating point of one dtype");
+}
+
 TEST(LinearCrossEntropy, NoGradientsWhenNoneAreWanted) {
   const auto p = problem({4, 6}, 9);
   const auto expected = aten(p).loss;
