@@ -228,6 +228,9 @@ int run(
       // for the step's micro-batches so that each weight is cast to FP8
       // once a step.
       lamp::Fp8AutocastGuard fp8(fp8_recipe, precision.fp8);
+      // --fp8-scaling delayed: every layer's scales updated in one launch,
+      // not one in each layer's call (the same values: lamp/fp8.h).
+      lamp::update_fp8_scales(*model);
       for (int64_t a = 0; a < opt.grad_accum; ++a) {
         const auto x = in[0].narrow(0, a * batch, batch);
         const auto y = in[1].narrow(0, a * batch, batch);

@@ -149,4 +149,20 @@ class LAMP_API Fp8AutocastGuard {
 /// kCurrent.
 LAMP_API void init_fp8_state(torch::nn::Module& model, const Fp8Recipe& recipe);
 
+/// Delayed scaling: updates now the scales of every lamp::nn::Linear in
+/// `model` that has FP8 state, in one launch per 128 layers on a GPU (and,
+/// with the recipe's amax_group, one all-reduce of their amaxes), instead
+/// of a launch in each layer's forward call; each layer's next forward call
+/// then uses them as they are. Call it inside the scope, at the top of a
+/// step (after the last backward, before the forward): the scales are then
+/// the ones the layers' own calls would have computed, since a layer's
+/// amaxes change only in its own calls and its backward (Transformer Engine
+/// likewise updates all its layers at once). A layer called twice in a
+/// forward updates again at its second call, as without it; a state
+/// changed in between (a checkpoint loaded) is updated at its call. Thread:
+/// the one that runs the forward. Outside an enabled kDelayed scope it does
+/// nothing (each layer updates at its call, as ever). Capturable by
+/// GraphedStep.
+LAMP_API void update_fp8_scales(torch::nn::Module& model);
+
 } // namespace lamp

@@ -62,9 +62,9 @@ Round& round() {
 
 std::atomic<int64_t> reductions{0};
 
-// One all-reduce (max) of the newest amaxes of `histories`, all on one
-// device.
-void reduce_newest(
+} // namespace
+
+void fp8_reduce_newest_amaxes(
     const std::vector<at::Tensor>& histories,
     dist::ProcessGroup& group) {
   std::vector<at::Tensor> newest;
@@ -77,8 +77,6 @@ void reduce_newest(
   reductions.fetch_add(1, std::memory_order_relaxed);
   at::_foreach_copy_(newest, flat.split(3));
 }
-
-} // namespace
 
 int64_t fp8_amax_reduction_count() {
   return reductions.load(std::memory_order_relaxed);
@@ -133,7 +131,7 @@ void fp8_reduce_amaxes(const at::Tensor& history, dist::ProcessGroup& group) {
     known.push_back({WeakImpl(history.getIntrusivePtr()), self, false, true});
     alive.push_back(history);
   }
-  reduce_newest(alive, group);
+  fp8_reduce_newest_amaxes(alive, group);
   r.known = std::move(known);
   r.index.clear();
   for (size_t i = 0; i < r.known.size(); ++i) {

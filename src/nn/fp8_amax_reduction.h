@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace lamp::nn::detail {
 
 /// Before a delayed layer's scale update: its newest amaxes (`history`'s
@@ -15,5 +17,12 @@ namespace lamp::nn::detail {
 /// every layer this thread has updated with `group` at once, on the first
 /// update of a forward pass, and skipped for the others' updates that pass.
 void fp8_reduce_amaxes(const at::Tensor& history, dist::ProcessGroup& group);
+
+/// One all-reduce (max) over `group` of the newest amaxes (column 0) of
+/// `histories`, all on one device, in place; every rank passes the same
+/// layers in the same order.
+void fp8_reduce_newest_amaxes(
+    const std::vector<at::Tensor>& histories,
+    dist::ProcessGroup& group);
 
 } // namespace lamp::nn::detail

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "fp8_cast_kernel.h"
 #include "fp8_scale_update_kernel.h"
@@ -205,6 +206,22 @@ bool fp8_update_cuda_applies(const Fp8DelayedState& s) {
       s.scale.is_contiguous();
 }
 
+namespace {
+
+// The update's arguments every layer shares, for histories of `len`.
+Fp8ScaleUpdateArgs update_args(const Fp8Recipe& recipe, int64_t len) {
+  Fp8ScaleUpdateArgs args;
+  args.len = static_cast<int>(len);
+  args.most_recent = recipe.amax_compute() == Fp8AmaxCompute::kMostRecent;
+  // NOTE: as ATen divides by a scalar on CUDA: times its reciprocal,
+  // computed in fp32 (2^margin past fp32's range: inf, so 0).
+  args.margin_scale =
+      1.0f / static_cast<float>(std::ldexp(1.0, recipe.margin()));
+  return args;
+}
+
+} // namespace
+
 void fp8_update_delayed_cuda(
     const Fp8DelayedState& s,
     const Fp8Recipe& recipe) {
@@ -212,17 +229,38 @@ void fp8_update_delayed_cuda(
       fp8_update_cuda_applies(s),
       "fp8_update_delayed_cuda: not a state it takes");
   const c10::cuda::CUDAGuard guard(s.history.device());
-  Fp8ScaleUpdateArgs args;
+  auto args = update_args(recipe, s.history.size(1));
   args.history = s.history.data_ptr<float>();
   args.scale = s.scale.data_ptr<float>();
-  args.len = static_cast<int>(s.history.size(1));
-  args.most_recent = recipe.amax_compute() == Fp8AmaxCompute::kMostRecent;
-  // NOTE: as ATen divides by a scalar on CUDA: times its reciprocal,
-  // computed in fp32 (2^margin past fp32's range: inf, so 0).
-  args.margin_scale =
-      1.0f / static_cast<float>(std::ldexp(1.0, recipe.margin()));
   C10_CUDA_CHECK(
       launch_fp8_scale_update(args, c10::cuda::getCurrentCUDAStream()));
+}
+
+void fp8_update_delayed_cuda(
+    const std::vector<Fp8DelayedState>& states,
+    const Fp8Recipe& recipe) {
+  if (states.empty()) {
+    return;
+  }
+  const auto& first = states.front().history;
+  std::vector<float*> histories, scales;
+  histories.reserve(states.size());
+  scales.reserve(states.size());
+  for (const auto& s : states) {
+    TORCH_CHECK(
+        fp8_update_cuda_applies(s) && s.history.device() == first.device() &&
+            s.history.size(1) == first.size(1),
+        "fp8_update_delayed_cuda: not states it takes together");
+    histories.push_back(s.history.data_ptr<float>());
+    scales.push_back(s.scale.data_ptr<float>());
+  }
+  const c10::cuda::CUDAGuard guard(first.device());
+  C10_CUDA_CHECK(launch_fp8_scale_updates(
+      update_args(recipe, first.size(1)),
+      histories.data(),
+      scales.data(),
+      static_cast<int>(states.size()),
+      c10::cuda::getCurrentCUDAStream()));
 }
 
 } // namespace lamp::nn::detail

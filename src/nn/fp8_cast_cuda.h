@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "fp8_cast_op.h"
 #include "fp8_linear.h"
 
@@ -52,5 +54,12 @@ bool fp8_update_cuda_applies(const Fp8DelayedState& s);
 
 /// fp8_update_delayed_reference(s, recipe) in one kernel, bit for bit.
 void fp8_update_delayed_cuda(const Fp8DelayedState& s, const Fp8Recipe& recipe);
+
+/// The same for every state of `states` (each one fp8_update_cuda_applies
+/// takes; all on one device, histories of one length), a launch for up to
+/// kFp8UpdatesPerLaunch of them.
+void fp8_update_delayed_cuda(
+    const std::vector<Fp8DelayedState>& states,
+    const Fp8Recipe& recipe);
 
 } // namespace lamp::nn::detail

@@ -7,13 +7,15 @@ namespace {
 
 constexpr int kPerLane = kFp8UpdateMaxHistory / 32;
 
-// Warp w updates row w: reads the whole row first (its amax and, for the
-// roll, each column's right neighbour), then writes the rolled row with
-// column 0 zeroed; lane 0 writes the scale.
-__global__ void __launch_bounds__(96)
-    fp8_scale_update_kernel(Fp8ScaleUpdateArgs a) {
+// Warp w updates row w of `history`: reads the whole row first (its amax
+// and, for the roll, each column's right neighbour), then writes the rolled
+// row with column 0 zeroed; lane 0 writes the scale.
+__device__ void update_layer(
+    const Fp8ScaleUpdateArgs& a,
+    float* history,
+    float* scale) {
   const int row = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* h = a.history + static_cast<int64_t>(row) * a.len;
+  float* h = history + static_cast<int64_t>(row) * a.len;
   const float newest = h[0];
   float largest = -INFINITY;
   bool nan = false;
@@ -48,9 +50,26 @@ __global__ void __launch_bounds__(96)
     // reciprocal); kept where amax is not positive and finite.
     const float fp8_max = row == 2 ? 57344.0f : 448.0f;
     if (amax > 0 && isfinite(amax)) {
-      a.scale[row] = __fmul_rn(__fdiv_rn(fp8_max, amax), a.margin_scale);
+      scale[row] = __fmul_rn(__fdiv_rn(fp8_max, amax), a.margin_scale);
     }
   }
+}
+
+__global__ void __launch_bounds__(96)
+    fp8_scale_update_kernel(Fp8ScaleUpdateArgs a) {
+  update_layer(a, a.history, a.scale);
+}
+
+// Block i updates layer i of the launch.
+struct UpdateBatch {
+  Fp8ScaleUpdateArgs shared;
+  float* history[kFp8UpdatesPerLaunch];
+  float* scale[kFp8UpdatesPerLaunch];
+};
+
+__global__ void __launch_bounds__(96)
+    fp8_scale_updates_kernel(const __grid_constant__ UpdateBatch b) {
+  update_layer(b.shared, b.history[blockIdx.x], b.scale[blockIdx.x]);
 }
 
 } // namespace
@@ -63,6 +82,33 @@ cudaError_t launch_fp8_scale_update(
   }
   fp8_scale_update_kernel<<<1, 96, 0, stream>>>(args);
   return cudaGetLastError();
+}
+
+cudaError_t launch_fp8_scale_updates(
+    const Fp8ScaleUpdateArgs& shared,
+    float* const* histories,
+    float* const* scales,
+    int n,
+    cudaStream_t stream) {
+  if (shared.len < 1 || shared.len > kFp8UpdateMaxHistory || n < 0) {
+    return cudaErrorInvalidValue;
+  }
+  for (int first = 0; first < n; first += kFp8UpdatesPerLaunch) {
+    UpdateBatch b{};
+    b.shared = shared;
+    const int count = n - first < kFp8UpdatesPerLaunch
+        ? n - first
+        : kFp8UpdatesPerLaunch;
+    for (int i = 0; i < count; ++i) {
+      b.history[i] = histories[first + i];
+      b.scale[i] = scales[first + i];
+    }
+    fp8_scale_updates_kernel<<<count, 96, 0, stream>>>(b);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
 }
 
 } // namespace lamp::nn::detail

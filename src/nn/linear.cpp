@@ -11,6 +11,7 @@
 
 #include "fp8_linear.h"
 #include "fp8_scope.h"
+#include "fp8_update_scales.h"
 #if LAMP_WITH_CUDA
 #include "linear_cuda.h"
 #endif
@@ -113,8 +114,10 @@ std::optional<Fp8DelayedState> fp8_layer_state(LinearImpl& layer) {
   }
   layer.init_fp8_state(recipe);
   const Fp8DelayedState state{layer.fp8_amax_history, layer.fp8_scale};
-  // NOTE: a checkpoint's recompute keeps the forward call's scales.
-  if (!fp8_recomputing()) {
+  // NOTE: a checkpoint's recompute keeps the forward call's scales; scales
+  // lamp::update_fp8_scales updated for this call are not updated again
+  // (Note [FP8 scales updated ahead]).
+  if (!fp8_recomputing() && !fp8_take_fresh_scales(state)) {
     torch::NoGradGuard no_grad;
     fp8_update_delayed(state, recipe);
   }
@@ -131,7 +134,11 @@ void init_fp8_state(torch::nn::Module& model, const Fp8Recipe& recipe) {
   if (recipe.scaling() != Fp8Scaling::kDelayed) {
     return;
   }
-  for (const auto& module : model.modules(/*include_self=*/true)) {
+  // NOTE: the model itself apart: modules(true) needs it in a shared_ptr.
+  if (auto* fc = dynamic_cast<nn::LinearImpl*>(&model)) {
+    fc->init_fp8_state(recipe);
+  }
+  for (const auto& module : model.modules(/*include_self=*/false)) {
     if (auto* fc = dynamic_cast<nn::LinearImpl*>(module.get())) {
       fc->init_fp8_state(recipe);
     }

@@ -3,14 +3,16 @@
 // Transformer Engine's DelayedScaling (max and most-recent, a margin, a
 // short history that rolls over, zero and non-finite amaxes); casts that
 // saturate with the delayed scale; checkpoints that resume bit for bit;
-// recomputes (lamp::checkpoint) that do not update the scales again; bad
-// recipes. (A small model trains with them as in bf16: fp8_test.cpp.)
+// recomputes (lamp::checkpoint) that do not update the scales again;
+// lamp::update_fp8_scales's updates ahead of the calls; bad recipes. (A small model trains with them as in bf16: fp8_test.cpp.)
 
 #include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
 #include <lamp/checkpoint.h>
+#include <lamp/cuda_graph.h>
 #include <lamp/fp8.h>
 #include <lamp/nn/linear.h>
+#include <lamp/optim.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -20,6 +22,8 @@
 #include <deque>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "nn/fp8_linear.h"
@@ -213,13 +217,15 @@ struct Net : torch::nn::Module {
   lamp::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-// Steps [from, to) of a run: bf16 autocast, delayed FP8, Adam.
+// Steps [from, to) of a run: bf16 autocast, delayed FP8, Adam; each step
+// first calls lamp::update_fp8_scales `updates_ahead` times.
 std::vector<double> train(
     Net& net,
     torch::optim::Optimizer& opt,
     int from,
     int to,
-    const lamp::Fp8Recipe& recipe) {
+    const lamp::Fp8Recipe& recipe,
+    int updates_ahead = 0) {
   std::vector<double> losses;
   for (int step = from; step < to; ++step) {
     torch::manual_seed(100 + step);
@@ -230,6 +236,9 @@ std::vector<double> train(
     {
       lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
       lamp::Fp8AutocastGuard fp8(recipe);
+      for (int i = 0; i < updates_ahead; ++i) {
+        lamp::update_fp8_scales(net);
+      }
       loss = (net.forward(x).to(torch::kFloat) - y).pow(2).mean();
     }
     loss.backward();
@@ -300,6 +309,122 @@ TEST(Fp8Delayed, ARecomputeKeepsTheForwardCallsScales) {
   EXPECT_TRUE(torch::equal(history, plain_history));
   EXPECT_TRUE(torch::equal(scale, plain_scale));
   EXPECT_TRUE(torch::equal(w, plain_w));
+}
+
+// lamp::update_fp8_scales at the top of each step updates every layer as
+// its forward call would have: the run is the same bit for bit, also when
+// it is called twice (the second call skips the fresh states) and with a
+// checkpointed block (whose recompute updates nothing).
+TEST(Fp8Delayed, ScalesUpdatedAheadEqualEachCallsUpdate) {
+  for (const bool recompute : {false, true}) {
+    auto run = [&](int updates_ahead) {
+      torch::manual_seed(6);
+      Net net(recompute);
+      torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(1e-3));
+      const auto losses = train(net, opt, 0, 5, delayed(3), updates_ahead);
+      return std::make_tuple(
+          losses,
+          torch::cat({net.fc1->fp8_amax_history, net.fc2->fp8_amax_history}),
+          torch::cat({net.fc1->fp8_scale, net.fc2->fp8_scale}),
+          net.fc2->weight.detach().clone());
+    };
+    const auto [plain_losses, plain_history, plain_scale, plain_w] = run(0);
+    for (const int ahead : {1, 2}) {
+      const auto [losses, history, scale, w] = run(ahead);
+      EXPECT_EQ(losses, plain_losses) << ahead << " " << recompute;
+      EXPECT_TRUE(torch::equal(history, plain_history)) << ahead;
+      EXPECT_TRUE(torch::equal(scale, plain_scale)) << ahead;
+      EXPECT_TRUE(torch::equal(w, plain_w)) << ahead;
+    }
+  }
+}
+
+// A state changed between lamp::update_fp8_scales and the forward (a
+// checkpoint loaded into it) is updated at the layer's call, as without
+// the call ahead; outside a delayed scope the call does nothing.
+TEST(Fp8Delayed, AStateChangedAfterTheUpdateIsUpdatedAtItsCall) {
+  const auto recipe = delayed(4);
+  auto run = [&](bool ahead) {
+    torch::manual_seed(7);
+    Net net;
+    torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(1e-3));
+    train(net, opt, 0, 2, recipe);
+    const auto saved = net.fc1->fp8_amax_history.clone();
+    train(net, opt, 2, 3, recipe);
+    {
+      lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      lamp::Fp8AutocastGuard fp8(recipe);
+      if (ahead) {
+        lamp::update_fp8_scales(net);
+      }
+      torch::NoGradGuard no_grad;
+      net.fc1->fp8_amax_history.copy_(saved); // as a load would
+      net.forward(torch::randn({16, 32}));
+    }
+    return std::make_pair(
+        net.fc1->fp8_amax_history.clone(), net.fc1->fp8_scale.clone());
+  };
+  const auto [plain_history, plain_scale] = run(false);
+  const auto [history, scale] = run(true);
+  EXPECT_TRUE(torch::equal(history, plain_history));
+  EXPECT_TRUE(torch::equal(scale, plain_scale));
+
+  Net net;
+  lamp::init_fp8_state(net, recipe);
+  net.fc1->fp8_amax_history.fill_(2.0f);
+  lamp::update_fp8_scales(net); // no scope
+  {
+    lamp::Fp8AutocastGuard fp8; // current scaling
+    lamp::update_fp8_scales(net);
+  }
+  EXPECT_TRUE(torch::all(net.fc1->fp8_amax_history == 2.0f).item<bool>());
+  EXPECT_TRUE(torch::all(net.fc1->fp8_scale == 1.0f).item<bool>());
+}
+
+// On a GPU lamp::update_fp8_scales updates the layers in launches of up to
+// 128 (kFp8UpdatesPerLaunch): 130 layers, six steps, eager and graphed,
+// give every history and scale of the per-call updates bit for bit.
+TEST(Fp8DelayedGpu, ScalesUpdatedAheadInOneLaunchEqualEachCallsUpdate) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  const auto recipe = delayed(5).margin(1);
+  torch::manual_seed(8);
+  const auto x = torch::randn({32, 16}, cuda);
+  auto run = [&](bool ahead, bool graphed) {
+    torch::manual_seed(9);
+    torch::nn::Sequential net;
+    for (int i = 0; i < 130; ++i) {
+      net->push_back(lamp::nn::Linear(16, 16));
+    }
+    net->to(cuda);
+    lamp::init_fp8_state(*net, recipe);
+    lamp::optim::FusedAdamW opt(
+        net->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto step = [&](const std::vector<torch::Tensor>& in) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+        lamp::Fp8AutocastGuard fp8(recipe);
+        if (ahead) {
+          lamp::update_fp8_scales(*net);
+        }
+        loss = net->forward(in[0]).to(torch::kFloat).pow(2).mean();
+      }
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    lamp::test::run_steps(graphed, step, {x}, opt);
+    std::vector<torch::Tensor> state;
+    for (const auto& b : net->buffers()) {
+      state.push_back(b.flatten());
+    }
+    return torch::cat(state);
+  };
+  const auto plain = run(false, false);
+  EXPECT_TRUE(torch::equal(run(true, false), plain));
+  EXPECT_TRUE(torch::equal(run(true, true), run(false, true)));
 }
 
 TEST(Fp8Delayed, BadRecipesAndLengthsAreClearErrors) {
