@@ -25,7 +25,9 @@ bool fp8_cast_cuda_applies(const at::Tensor& x);
 /// where the kernel's 8-wide path takes x (rows and columns multiples of
 /// 8). `op` (fp8_cast_op.h) in the same kernel where that path takes x,
 /// else ATen's op first; `aux`: kGeluBackward's pre-activation (x's shape
-/// and dtype), else undefined.
+/// and dtype), else undefined. `ride` (a bias, fp32 on x's device) comes
+/// back in `ride_dtype` (bf16 or fp16) as Fp8Cast::bias16, cast by the same
+/// kernel (Fp8CastArgs::ride_src); other dtypes by ATen after it.
 Fp8Cast fp8_cast_delayed_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
@@ -35,10 +37,12 @@ Fp8Cast fp8_cast_delayed_cuda(
     bool transposed,
     bool column_sums = false,
     Fp8CastOp op = Fp8CastOp::kNone,
-    const at::Tensor& aux = at::Tensor());
+    const at::Tensor& aux = at::Tensor(),
+    const at::Tensor& ride = at::Tensor(),
+    at::ScalarType ride_dtype = at::kBFloat16);
 
-/// quantize_tensorwise(op(x), fp8), its data as asked; `column_sums`, `op`
-/// and `aux` as above.
+/// quantize_tensorwise(op(x), fp8), its data as asked; `column_sums`, `op`,
+/// `aux`, `ride` and `ride_dtype` as above.
 Fp8Cast fp8_cast_tensorwise_cuda(
     const at::Tensor& x,
     at::ScalarType fp8,
@@ -46,7 +50,9 @@ Fp8Cast fp8_cast_tensorwise_cuda(
     bool transposed,
     bool column_sums = false,
     Fp8CastOp op = Fp8CastOp::kNone,
-    const at::Tensor& aux = at::Tensor());
+    const at::Tensor& aux = at::Tensor(),
+    const at::Tensor& ride = at::Tensor(),
+    at::ScalarType ride_dtype = at::kBFloat16);
 
 /// Whether the update kernel (fp8_scale_update_kernel.h) takes `s`: CUDA,
 /// contiguous fp32 [3, len] and [3] on one device, len at most 1024.

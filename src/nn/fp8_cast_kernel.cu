@@ -150,6 +150,21 @@ __device__ inline void fold_amax(unsigned m, float* amax) {
   }
 }
 
+// Args::ride_*: the first block's threads cast the ride-along vector.
+__device__ void cast_ride_along(const Fp8CastArgs& a, int thread, int threads) {
+  if (a.ride_dst == nullptr || blockIdx.x != 0 || blockIdx.y != 0) {
+    return;
+  }
+  for (int64_t i = thread; i < a.ride_n; i += threads) {
+    if (a.ride_half) {
+      static_cast<__half*>(a.ride_dst)[i] = __float2half_rn(a.ride_src[i]);
+    } else {
+      static_cast<__nv_bfloat16*>(a.ride_dst)[i] =
+          __float2bfloat16_rn(a.ride_src[i]);
+    }
+  }
+}
+
 // One kTile x kTile tile of x: thread (tx, ty) reads columns 2 tx, 2 tx + 1
 // of rows ty, ty + 8, ... (a warp reads 64 consecutive elements of a row),
 // writes their bytes to `out` the same way, and through shared memory
@@ -169,6 +184,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       tx == 0 && ty == 0) {
     *a.inverse_scale = __frcp_rn(scale);
   }
+  cast_ride_along(a, ty * kThreadsX + tx, kThreadsX * kThreadsY);
   const int64_t c = col0 + 2 * tx;
   unsigned m = 0;
 #pragma unroll
@@ -319,6 +335,7 @@ __global__ void __launch_bounds__(kVecThreads, LAMP_FP8_CAST_MIN_BLOCKS(Op))
       t == 0) {
     *a.inverse_scale = __frcp_rn(scale);
   }
+  cast_ride_along(a, t, kVecThreads);
   const int group = t % 8;
   const int64_t c = col0 + 8 * group;
   unsigned m = 0;
@@ -584,6 +601,10 @@ cudaError_t launch_fp8_cast(const Fp8CastArgs& args, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if ((args.op == Fp8CastOp::kGeluBackward) != (args.aux != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if ((args.ride_dst != nullptr) != (args.ride_src != nullptr) ||
+      args.ride_n < 0) {
     return cudaErrorInvalidValue;
   }
   switch (args.input_type) {

@@ -51,6 +51,14 @@ struct Fp8CastArgs {
   // shape, layout and type, for kGeluBackward.
   Fp8CastOp op = Fp8CastOp::kNone;
   const void* aux = nullptr;
+  // A vector cast along by the first block: `ride_n` fp32 values of
+  // `ride_src` into `ride_dst` as fp16 (`ride_half`) or bf16 (a layer's
+  // bias for its GEMM's epilogue, with its weight: one launch less a
+  // layer). Or null.
+  const float* ride_src = nullptr;
+  void* ride_dst = nullptr;
+  int64_t ride_n = 0;
+  bool ride_half = false;
 };
 
 // Whether launch_fp8_cast takes its 8-wide path for these arguments (rows

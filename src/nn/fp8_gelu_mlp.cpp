@@ -54,9 +54,14 @@ struct Fp8GeluMlpFunction : torch::autograd::Function<Fp8GeluMlpFunction> {
     spec.fp8 = at::kFloat8_e4m3fn;
     spec.delayed = pointer(fc);
     const auto x8 = fp8_cast(rows, spec);
-    const auto w1 = fp8_weight_operand(fc_weight, pointer(fc));
+    auto tensor = [](const std::optional<at::Tensor>& t) {
+      return t ? *t : at::Tensor();
+    };
+    const auto w1 =
+        fp8_weight_operand(fc_weight, pointer(fc), tensor(fc_bias), out_dtype);
     const bool fast_accum = fp8_forward_fast_accum();
-    // x @ w^T + bias, both operands in FP8, in autocast's dtype.
+    // x @ w^T + bias, both operands in FP8, in autocast's dtype; the bias as
+    // the weight's cast made it in that dtype, where it did.
     auto gemm = [&](const Fp8Cast& x, const Fp8Cast& w, const auto& bias) {
       return fp8_scaled_mm(
           x.data,
@@ -64,14 +69,15 @@ struct Fp8GeluMlpFunction : torch::autograd::Function<Fp8GeluMlpFunction> {
           w.data.t(),
           w.inverse_scale,
           out_dtype,
-          bias ? *bias : at::Tensor(),
+          w.bias16.defined() ? w.bias16 : tensor(bias),
           fast_accum);
     };
     const auto pre = gemm(x8, w1, fc_bias);
     spec.delayed = pointer(proj);
     spec.op = Fp8CastOp::kGelu;
     const auto a8 = fp8_cast(pre, spec);
-    const auto w2 = fp8_weight_operand(proj_weight, pointer(proj));
+    const auto w2 = fp8_weight_operand(
+        proj_weight, pointer(proj), tensor(proj_bias), out_dtype);
     const auto y = gemm(a8, w2, proj_bias);
     ctx->save_for_backward(
         {x8.data_t,

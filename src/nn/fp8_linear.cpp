@@ -79,9 +79,19 @@ Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec) {
               spec.transposed,
               sums,
               spec.op,
-              spec.aux)
+              spec.aux,
+              spec.ride,
+              spec.ride_dtype)
         : fp8_cast_tensorwise_cuda(
-              x, spec.fp8, spec.data, spec.transposed, sums, spec.op, spec.aux);
+              x,
+              spec.fp8,
+              spec.data,
+              spec.transposed,
+              sums,
+              spec.op,
+              spec.aux,
+              spec.ride,
+              spec.ride_dtype);
     if (spec.column_sums && !out.column_sums.defined()) {
       // Where the kernel could not sum (or kFusedBiasGrad is off).
       out.column_sums = fp8_reference_op(x, spec.op, spec.aux)
@@ -105,31 +115,55 @@ Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec) {
   if (spec.column_sums) {
     out.column_sums = source.sum(0, /*keepdim=*/false, at::kFloat);
   }
+  if (spec.ride.defined()) {
+    out.bias16 = spec.ride.to(spec.ride_dtype);
+  }
   return out;
 }
 
 Fp8Cast fp8_weight_operand(
     const at::Tensor& weight,
-    const Fp8DelayedState* delayed) {
+    const Fp8DelayedState* delayed,
+    const at::Tensor& bias,
+    at::ScalarType out_dtype) {
   const auto& layer_scale = delayed ? delayed->scale : at::Tensor();
   const auto newest = [&] {
     return delayed->history.select(0, 1).select(0, 0);
   };
+  // NOTE: the bias in the GEMM's 16-bit output dtype, as fp8_scaled_mm
+  // would cast it, where it is not that already.
+  const bool bias16 = bias.defined() && bias.scalar_type() != out_dtype &&
+      (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
   if (const auto* copy = fp8_cached_weight(weight, layer_scale)) {
     if (delayed) {
       newest().copy_(copy->amax);
     }
-    return copy->cast;
+    auto cast = copy->cast;
+    if (!bias16) {
+      cast.bias16 = at::Tensor();
+    } else if (!fp8_cached_bias_holds(*copy, bias, out_dtype)) {
+      // Another bias with the same weight (two layers tied to it).
+      cast.bias16 = bias.to(out_dtype);
+    }
+    return cast;
   }
   Fp8CastSpec spec;
   spec.fp8 = at::kFloat8_e4m3fn;
   spec.delayed = delayed;
   spec.row = 1;
+  if (bias16) {
+    spec.ride = bias;
+    spec.ride_dtype = out_dtype;
+  }
   Fp8WeightCopy copy;
   copy.cast = fp8_cast(weight, spec);
   weight_casts.fetch_add(1, std::memory_order_relaxed);
   if (delayed) {
     copy.amax = newest().clone();
+  }
+  if (bias16) {
+    copy.bias = bias;
+    copy.bias_version = bias._version();
   }
   auto cast = copy.cast;
   fp8_cache_weight(weight, layer_scale, std::move(copy));
@@ -206,14 +240,15 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     spec.fp8 = at::kFloat8_e4m3fn;
     spec.delayed = delayed;
     const auto x8 = fp8_cast(rows, spec);
-    const auto w8 = fp8_weight_operand(weight, delayed);
+    const auto w8 = fp8_weight_operand(
+        weight, delayed, bias ? *bias : at::Tensor(), out_dtype);
     const auto y = fp8_scaled_mm(
         x8.data,
         x8.inverse_scale,
         w8.data.t(),
         w8.inverse_scale,
         out_dtype,
-        bias ? *bias : at::Tensor(),
+        w8.bias16.defined() ? w8.bias16 : bias ? *bias : at::Tensor(),
         fp8_forward_fast_accum());
     ctx->save_for_backward(
         {x8.data_t, x8.inverse_scale, w8.data_t, w8.inverse_scale});

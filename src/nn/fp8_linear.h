@@ -80,6 +80,9 @@ struct Fp8Cast {
   /// The column sums in fp32 of what was cast (a bias gradient), where
   /// asked for (Fp8CastSpec::column_sums); else undefined.
   at::Tensor column_sums;
+  /// Fp8CastSpec::ride in its ride_dtype (a bias for the GEMM's epilogue),
+  /// where asked for; else undefined.
+  at::Tensor bias16;
 };
 
 /// What fp8_cast makes of its operand.
@@ -97,6 +100,10 @@ struct Fp8CastSpec {
   /// What is cast: op(x), with `aux` for kGeluBackward (fp8_cast_op.h).
   Fp8CastOp op = Fp8CastOp::kNone;
   at::Tensor aux;
+  /// Also this tensor (a weight's bias) in `ride_dtype`, by the same kernel
+  /// where it can (Fp8Cast::bias16).
+  at::Tensor ride;
+  at::ScalarType ride_dtype = at::kBFloat16;
 };
 
 /// `x` (a matrix) cast as `spec` says: on CUDA one kernel (fp8_cast_cuda.h),
@@ -114,10 +121,14 @@ at::Tensor fp8_reference_op(
 /// scope made of it already when they still hold (Note [FP8 weight cache]),
 /// else new ones, kept for the scope's next calls. Under delayed scaling
 /// (the layer's state) a reused copy records the amax its cast recorded, as
-/// casting again would.
+/// casting again would. With a `bias` and a 16-bit `out_dtype`, also the
+/// bias in `out_dtype` for the GEMM's epilogue (Fp8Cast::bias16), made by
+/// the weight's cast and kept with it.
 Fp8Cast fp8_weight_operand(
     const at::Tensor& weight,
-    const Fp8DelayedState* delayed);
+    const Fp8DelayedState* delayed,
+    const at::Tensor& bias = at::Tensor(),
+    at::ScalarType out_dtype = at::kFloat);
 
 /// A GEMM's output dtype: autocast's when it is on for the input's device,
 /// else the input's.

@@ -153,6 +153,17 @@ void fp8_cache_weight(
   c.insert_or_assign(copy_key_of(weight, scale), std::move(e));
 }
 
+bool fp8_cached_bias_holds(
+    const Fp8WeightCopy& copy,
+    const at::Tensor& bias,
+    at::ScalarType dtype) {
+  return copy.cast.bias16.defined() && copy.bias.defined() &&
+      copy.cast.bias16.scalar_type() == dtype &&
+      copy.bias.unsafeGetTensorImpl() == bias.unsafeGetTensorImpl() &&
+      copy.bias.data_ptr() == bias.data_ptr() &&
+      copy.bias_version == bias._version();
+}
+
 void fp8_clear_weight_cache() {
   copy_cache().clear();
 }

@@ -12,11 +12,22 @@
 namespace lamp::nn::detail {
 
 /// A weight's FP8 copies and, under delayed scaling, the amax its cast
-/// recorded (a 0-d fp32 tensor; undefined under current scaling).
+/// recorded (a 0-d fp32 tensor; undefined under current scaling); where the
+/// cast made its layer's bias in 16 bits too (Fp8Cast::bias16), that bias
+/// and its version then.
 struct Fp8WeightCopy {
   Fp8Cast cast;
   at::Tensor amax;
+  at::Tensor bias;
+  int64_t bias_version = 0;
 };
+
+/// Whether `copy`'s bias16 is `bias` in `dtype` as it is now (the same
+/// tensor, storage and version).
+bool fp8_cached_bias_holds(
+    const Fp8WeightCopy& copy,
+    const at::Tensor& bias,
+    at::ScalarType dtype);
 
 /// The copy of `weight` made earlier in this thread's FP8 scope with
 /// `scale` (a delayed layer's `fp8_scale`; undefined under current

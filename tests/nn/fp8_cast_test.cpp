@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "nn/fp8_linear.h"
@@ -215,6 +216,50 @@ TEST(Fp8CastGpu, OnlyTheCopiesAskedForAreWritten) {
       torch::zeros({3, 4}, x.options())));
   EXPECT_FALSE(lamp::nn::detail::fp8_cast_cuda_applies(
       torch::zeros({4, 4}, torch::kBFloat16)));
+}
+
+// A weight's cast casts its layer's bias along for the GEMM's epilogue
+// (Fp8CastSpec::ride): ATen's fp32 -> bf16 / fp16 bits, in both kernels
+// (8-wide and 2-wide shapes), both recipes, any length.
+TEST(Fp8CastGpu, ABiasCastAlongIsATensCast) {
+  LAMP_SKIP_WITHOUT_CUDA();
+  const auto scale = torch::full({}, 4.0f, torch::Device(torch::kCUDA));
+  for (const auto& [rows, cols] : {std::pair{64, 32}, std::pair{30, 34}}) {
+    const auto x = operand(rows, cols, torch::kFloat, false);
+    for (const int64_t n : {1, 37, 5000}) {
+      const auto bias = torch::randn({n}, x.options()) * 100;
+      for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+        const auto current = lamp::nn::detail::fp8_cast_tensorwise_cuda(
+            x,
+            torch::kFloat8_e4m3fn,
+            true,
+            true,
+            false,
+            lamp::nn::detail::Fp8CastOp::kNone,
+            {},
+            bias,
+            dtype);
+        auto amax = torch::zeros({}, x.options());
+        const auto delayed = lamp::nn::detail::fp8_cast_delayed_cuda(
+            x,
+            torch::kFloat8_e4m3fn,
+            scale,
+            amax,
+            true,
+            true,
+            false,
+            lamp::nn::detail::Fp8CastOp::kNone,
+            {},
+            bias,
+            dtype);
+        for (const auto* out : {&current, &delayed}) {
+          ASSERT_TRUE(out->bias16.defined());
+          EXPECT_TRUE(torch::equal(out->bias16, bias.to(dtype)))
+              << rows << "x" << cols << ", " << n << ", " << dtype;
+        }
+      }
+    }
+  }
 }
 
 // The output gradient's cast also sums its columns (the bias gradient) in

@@ -148,6 +148,48 @@ TEST(Fp8WeightCache, AChangedWeightIsCastAgain) {
   });
 }
 
+// Under autocast the weight's cast also makes the bias's 16-bit copy, kept
+// with the weight's: a bias changed in place with the weight unchanged
+// reuses the weight's copy but not the bias's, and two layers tied to one
+// weight with biases of their own each add their own: every output is a
+// fresh scope's.
+TEST(Fp8WeightCache, ABiasChangedOrOtherIsCastAgain) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({16, 32});
+  lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  auto fresh = [&](lamp::nn::Linear& fc) {
+    lamp::Fp8AutocastGuard fp8;
+    return fc->forward(x);
+  };
+  lamp::nn::Linear fc(32, 16);
+  {
+    lamp::Fp8AutocastGuard fp8;
+    torch::Tensor again;
+    const auto casts = casts_of([&] {
+      fc->forward(x);
+      fc->bias.add_(1.0);
+      again = fc->forward(x);
+    });
+    EXPECT_EQ(casts, 1);
+    EXPECT_TRUE(torch::equal(again, fresh(fc)));
+  }
+  lamp::nn::Linear tied(32, 16);
+  tied->weight = fc->weight;
+  {
+    lamp::Fp8AutocastGuard fp8;
+    torch::Tensor a, b;
+    const auto casts = casts_of([&] {
+      a = fc->forward(x);
+      b = tied->forward(x);
+    });
+    EXPECT_EQ(casts, 1);
+    EXPECT_TRUE(torch::equal(a, fresh(fc)));
+    EXPECT_TRUE(torch::equal(b, fresh(tied)));
+    EXPECT_FALSE(torch::equal(a, b));
+  }
+}
+
 // A new scope casts again; so does a layer whose weight is computed in the
 // forward (a new tensor each call).
 TEST(Fp8WeightCache, ScopesAndComputedWeightsCastAgain) {
