@@ -69,29 +69,32 @@ Fp8Cast fp8_cast(const at::Tensor& x, const Fp8CastSpec& spec) {
 #if LAMP_WITH_CUDA
   if (kFusedCasts && fp8_cast_cuda_applies(x)) {
     const bool sums = spec.column_sums && kFusedBiasGrad;
-    auto out = spec.delayed
-        ? fp8_cast_delayed_cuda(
-              x,
-              spec.fp8,
-              scale,
-              history.select(0, 0),
-              spec.data,
-              spec.transposed,
-              sums,
-              spec.op,
-              spec.aux,
-              spec.ride,
-              spec.ride_dtype)
-        : fp8_cast_tensorwise_cuda(
-              x,
-              spec.fp8,
-              spec.data,
-              spec.transposed,
-              sums,
-              spec.op,
-              spec.aux,
-              spec.ride,
-              spec.ride_dtype);
+    Fp8Cast out;
+    if (spec.delayed) {
+      out = fp8_cast_delayed_cuda(
+          x,
+          spec.fp8,
+          scale,
+          history.select(0, 0),
+          spec.data,
+          spec.transposed,
+          sums,
+          spec.op,
+          spec.aux,
+          spec.ride,
+          spec.ride_dtype);
+    } else {
+      out = fp8_cast_tensorwise_cuda(
+          x,
+          spec.fp8,
+          spec.data,
+          spec.transposed,
+          sums,
+          spec.op,
+          spec.aux,
+          spec.ride,
+          spec.ride_dtype);
+    }
     if (spec.column_sums && !out.column_sums.defined()) {
       // Where the kernel could not sum (or kFusedBiasGrad is off).
       out.column_sums = fp8_reference_op(x, spec.op, spec.aux)
@@ -135,7 +138,9 @@ Fp8Cast fp8_weight_operand(
   const bool bias16 = bias.defined() && bias.scalar_type() != out_dtype &&
       (out_dtype == at::kBFloat16 || out_dtype == at::kHalf);
   if (const auto* copy = fp8_cached_weight(weight, layer_scale)) {
-    if (delayed) {
+    // NOTE: the amax the cast recorded, recorded again; where the history
+    // was not rolled since, its newest slot holds it already (at least).
+    if (delayed && copy->amax.defined()) {
       newest().copy_(copy->amax);
     }
     auto cast = copy->cast;
@@ -159,7 +164,9 @@ Fp8Cast fp8_weight_operand(
   copy.cast = fp8_cast(weight, spec);
   weight_casts.fetch_add(1, std::memory_order_relaxed);
   if (delayed) {
-    copy.amax = newest().clone();
+    // NOTE: its amax is copied only if the history is rolled while the
+    // copy is held (fp8_keep_weight_amaxes): most steps never reuse it.
+    copy.history = delayed->history;
   }
   if (bias16) {
     copy.bias = bias;
@@ -240,15 +247,15 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     spec.fp8 = at::kFloat8_e4m3fn;
     spec.delayed = delayed;
     const auto x8 = fp8_cast(rows, spec);
-    const auto w8 = fp8_weight_operand(
-        weight, delayed, bias ? *bias : at::Tensor(), out_dtype);
+    const auto b = bias ? *bias : at::Tensor();
+    const auto w8 = fp8_weight_operand(weight, delayed, b, out_dtype);
     const auto y = fp8_scaled_mm(
         x8.data,
         x8.inverse_scale,
         w8.data.t(),
         w8.inverse_scale,
         out_dtype,
-        w8.bias16.defined() ? w8.bias16 : bias ? *bias : at::Tensor(),
+        w8.bias16.defined() ? w8.bias16 : b,
         fp8_forward_fast_accum());
     ctx->save_for_backward(
         {x8.data_t, x8.inverse_scale, w8.data_t, w8.inverse_scale});
@@ -346,6 +353,7 @@ std::pair<at::Tensor, at::Tensor> quantize_delayed(
 }
 
 void fp8_update_delayed(const Fp8DelayedState& s, const Fp8Recipe& recipe) {
+  fp8_keep_weight_amaxes(s.history); // before the reduction and the roll
   const auto& group = recipe.amax_group();
   if (group && group->world_size() > 1) {
     // Transformer Engine's amax reduction: the amaxes recorded since the

@@ -96,9 +96,8 @@ cudaError_t launch_fp8_scale_updates(
   for (int first = 0; first < n; first += kFp8UpdatesPerLaunch) {
     UpdateBatch b{};
     b.shared = shared;
-    const int count = n - first < kFp8UpdatesPerLaunch
-        ? n - first
-        : kFp8UpdatesPerLaunch;
+    const int count =
+        n - first < kFp8UpdatesPerLaunch ? n - first : kFp8UpdatesPerLaunch;
     for (int i = 0; i < count; ++i) {
       b.history[i] = histories[first + i];
       b.scale[i] = scales[first + i];

@@ -14,6 +14,7 @@
 #include "fp8_cast_cuda.h"
 #endif
 #include "fp8_amax_reduction.h"
+#include "fp8_weight_cache.h"
 
 #include <map>
 #include <tuple>
@@ -114,6 +115,9 @@ void update_fp8_scales(torch::nn::Module& model) {
         !nn::detail::is_fresh(s)) {
       states.push_back(std::move(s));
     }
+  }
+  for (const auto& s : states) {
+    nn::detail::fp8_keep_weight_amaxes(s.history); // before the roll
   }
   // Transformer Engine's amax reduction first: one all-reduce a device.
   const auto& group = recipe.amax_group();

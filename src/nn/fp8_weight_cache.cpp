@@ -153,6 +153,16 @@ void fp8_cache_weight(
   c.insert_or_assign(copy_key_of(weight, scale), std::move(e));
 }
 
+void fp8_keep_weight_amaxes(const at::Tensor& history) {
+  for (auto& [key, e] : copy_cache()) {
+    auto& copy = e.copy;
+    if (copy.history.defined() && !copy.amax.defined() &&
+        copy.history.unsafeGetTensorImpl() == history.unsafeGetTensorImpl()) {
+      copy.amax = history.select(0, 1).select(0, 0).clone();
+    }
+  }
+}
+
 bool fp8_cached_bias_holds(
     const Fp8WeightCopy& copy,
     const at::Tensor& bias,

@@ -11,16 +11,24 @@
 
 namespace lamp::nn::detail {
 
-/// A weight's FP8 copies and, under delayed scaling, the amax its cast
-/// recorded (a 0-d fp32 tensor; undefined under current scaling); where the
-/// cast made its layer's bias in 16 bits too (Fp8Cast::bias16), that bias
-/// and its version then.
+/// A weight's FP8 copies; under delayed scaling the history whose row 1 its
+/// cast recorded its amax in, and that amax (a 0-d fp32 tensor) once the
+/// history is to be rolled (fp8_keep_weight_amaxes; undefined before: the
+/// history's newest slot still holds it); where the cast made its layer's
+/// bias in 16 bits too (Fp8Cast::bias16), that bias and its version then.
 struct Fp8WeightCopy {
   Fp8Cast cast;
+  at::Tensor history;
   at::Tensor amax;
   at::Tensor bias;
   int64_t bias_version = 0;
 };
+
+/// Before `history`'s layer updates its scales (which rolls its newest
+/// amaxes away): the copies this thread keeps whose casts recorded their
+/// amax in it take that amax along (one copy each, only for copies still
+/// held: a scope around a step's micro-batches).
+void fp8_keep_weight_amaxes(const at::Tensor& history);
 
 /// Whether `copy`'s bias16 is `bias` in `dtype` as it is now (the same
 /// tensor, storage and version).

@@ -4,7 +4,8 @@
 // short history that rolls over, zero and non-finite amaxes); casts that
 // saturate with the delayed scale; checkpoints that resume bit for bit;
 // recomputes (lamp::checkpoint) that do not update the scales again;
-// lamp::update_fp8_scales's updates ahead of the calls; bad recipes. (A small model trains with them as in bf16: fp8_test.cpp.)
+// lamp::update_fp8_scales's updates ahead of the calls; bad recipes. (A small
+// model trains with them as in bf16: fp8_test.cpp.)
 
 #include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
