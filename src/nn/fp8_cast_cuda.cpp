@@ -28,9 +28,22 @@ Fp8CastInput cast_input_type(at::ScalarType t) {
   }
 }
 
+// Whether the kernel casts `ride` along (Fp8CastArgs::ride_src): an fp32
+// vector on x's device, into fp16 or bf16.
+bool rides_along(
+    const at::Tensor& x,
+    const at::Tensor& ride,
+    at::ScalarType ride_dtype) {
+  return ride.defined() && ride.device() == x.device() &&
+      ride.scalar_type() == at::kFloat && ride.dim() == 1 &&
+      ride.is_contiguous() &&
+      (ride_dtype == at::kBFloat16 || ride_dtype == at::kHalf);
+}
+
 // op(x) (x and aux contiguous) * scale in `fp8` into the copies asked for;
 // amax(|op(x)|) folded into `amax` when defined (quantize_delayed); `ride`
-// (one rides_along takes) into `ride_dtype` as Fp8Cast::bias16 when defined.
+// into `ride_dtype` as Fp8Cast::bias16 when defined (by the kernel where
+// rides_along, else by ATen).
 Fp8Cast cast_kernel(
     at::Tensor x,
     at::ScalarType fp8,
@@ -86,7 +99,9 @@ Fp8Cast cast_kernel(
     args.op = Fp8CastOp::kNone;
     args.aux = nullptr;
   }
-  if (ride.defined()) {
+  if (ride.defined() && !rides_along(x, ride, ride_dtype)) {
+    out.bias16 = ride.to(ride_dtype);
+  } else if (ride.defined()) {
     out.bias16 = at::empty({ride.numel()}, ride.options().dtype(ride_dtype));
     args.ride_src = ride.data_ptr<float>();
     args.ride_dst = out.bias16.data_ptr();
@@ -127,53 +142,6 @@ at::Tensor contiguous_or_none(const at::Tensor& t) {
   return t.defined() ? t.contiguous() : t;
 }
 
-// Whether the kernel casts `ride` along (Fp8CastArgs::ride_src): an fp32
-// vector on x's device, into fp16 or bf16.
-bool rides_along(
-    const at::Tensor& x,
-    const at::Tensor& ride,
-    at::ScalarType ride_dtype) {
-  return ride.defined() && ride.device() == x.device() &&
-      ride.scalar_type() == at::kFloat && ride.dim() == 1 &&
-      ride.is_contiguous() &&
-      (ride_dtype == at::kBFloat16 || ride_dtype == at::kHalf);
-}
-
-// The cast, with `ride` in `ride_dtype` as Fp8Cast::bias16 (cast along where
-// the kernel takes it).
-Fp8Cast cast_with_ride(
-    const at::Tensor& x,
-    at::ScalarType fp8,
-    const at::Tensor& scale,
-    const at::Tensor& amax,
-    bool saturate_inf,
-    bool data,
-    bool transposed,
-    bool column_sums,
-    Fp8CastOp op,
-    const at::Tensor& aux,
-    const at::Tensor& ride,
-    at::ScalarType ride_dtype) {
-  const bool along = rides_along(x, ride, ride_dtype);
-  auto out = cast_kernel(
-      x,
-      fp8,
-      scale,
-      amax,
-      saturate_inf,
-      data,
-      transposed,
-      column_sums,
-      op,
-      aux,
-      along ? ride : at::Tensor(),
-      ride_dtype);
-  if (ride.defined() && !along) {
-    out.bias16 = ride.to(ride_dtype);
-  }
-  return out;
-}
-
 } // namespace
 
 bool fp8_cast_cuda_applies(const at::Tensor& x) {
@@ -205,7 +173,7 @@ Fp8Cast fp8_cast_delayed_cuda(
   const c10::cuda::CUDAGuard guard(x.device());
   // NOTE: a strided operand is made contiguous (one copy) rather than
   // read with its strides: the tiles' loads rely on rows being contiguous.
-  return cast_with_ride(
+  return cast_kernel(
       x.contiguous(),
       fp8,
       scale,
@@ -247,7 +215,7 @@ Fp8Cast fp8_cast_tensorwise_cuda(
       auxc.defined() ? auxc.data_ptr() : nullptr));
   // quantize_tensorwise's scale, with its ops (so its bits).
   const auto scale = fp8_max_of(fp8) / amax.clamp_min(kFp8AmaxEps);
-  return cast_with_ride(
+  return cast_kernel(
       xc,
       fp8,
       scale,
