@@ -564,6 +564,25 @@ LAMP_DDP_TEST(Fp8DelayedScalesFollowTheRanksLargestAmax) {
   EXPECT_NE(t.value(0, "own_scale"), t.value(1, "own_scale"));
 }
 
+// lamp::update_fp8_scales reduces every layer's amaxes in one all-reduce a
+// step (here two steps: two) and gives every rank the scales the layers'
+// own updates give.
+LAMP_DDP_TEST(Fp8ScalesUpdatedAheadAreTheReducedOnesInOneAllReduce) {
+  ASSERT_EQ(t.launch("--scenario fp8-amax"), 0);
+  std::vector<std::string> scales, scales2;
+  for (int rank = 0; rank < t.ranks(); ++rank) {
+    scales.push_back(t.value(rank, "scales"));
+    scales2.push_back(t.value(rank, "scales2"));
+  }
+  ASSERT_EQ(t.launch("--scenario fp8-amax-ahead"), 0);
+  for (int rank = 0; rank < t.ranks(); ++rank) {
+    EXPECT_EQ(t.value(rank, "scales"), scales[rank]) << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "scales2"), scales2[rank]) << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "reductions"), "2") << "rank " << rank;
+    EXPECT_EQ(t.value(rank, "done"), "");
+  }
+}
+
 // NOTE: tolerances are relative to the largest parameter. In fp32 the only
 // difference from one process is the order of additions (1e-5 on GPUs,
 // whose GEMMs also split differently, 1e-6 on the CPU); with fp16 autocast,

@@ -29,7 +29,8 @@ namespace {
 
 struct Args {
   std::string out;
-  // train | collectives | fp8-amax | mismatch | exit | never | graph-exit
+  // train | collectives | fp8-amax | fp8-amax-ahead | mismatch | exit |
+  // never | graph-exit
   std::string scenario = "train";
   int64_t steps = 12;
   int64_t batch = 32; // per rank
@@ -445,8 +446,10 @@ int run_mismatch(const Args& a) {
 // group follows its own rank's amaxes. Prints "local A", "reduced A",
 // "scales S0 S1 S2", "scales2 ..." (a second layer with the group),
 // "own_scale S0" (the layer without the group) and "reductions N" (the
-// amax all-reduces made: one a pass once the layers are known).
-int run_fp8_amax(const Args& a) {
+// amax all-reduces made: one a pass once the layers are known). With
+// `ahead` (fp8-amax-ahead) each step first calls lamp::update_fp8_scales on
+// the two shared layers: one all-reduce a step for both, the same values.
+int run_fp8_amax(const Args& a, bool ahead) {
   auto pg = lamp::dist::init_process_group(pg_options(a));
   const auto rank = pg->rank();
   const auto device = pg->device();
@@ -464,6 +467,7 @@ int run_fp8_amax(const Args& a) {
   lamp::init_fp8_state(*fc2, shared);
   const auto reductions = lamp::nn::detail::fp8_amax_reduction_count();
   lamp::init_fp8_state(*own, delayed);
+  torch::nn::Sequential both(fc, fc2);
   torch::manual_seed(10 + rank);
   float local = 0;
   for (int step = 0; step < 2; ++step) {
@@ -473,6 +477,9 @@ int run_fp8_amax(const Args& a) {
     }
     {
       lamp::Fp8AutocastGuard fp8(shared);
+      if (ahead) {
+        lamp::update_fp8_scales(*both);
+      }
       fc2(fc(x)).square().sum().backward();
     }
     lamp::Fp8AutocastGuard fp8(delayed);
@@ -642,8 +649,8 @@ int main(int argc, char** argv) {
     if (a.scenario == "collectives") {
       return run_collectives(a);
     }
-    if (a.scenario == "fp8-amax") {
-      return run_fp8_amax(a);
+    if (a.scenario == "fp8-amax" || a.scenario == "fp8-amax-ahead") {
+      return run_fp8_amax(a, a.scenario == "fp8-amax-ahead");
     }
     if (a.scenario == "mismatch") {
       return run_mismatch(a);
