@@ -340,6 +340,40 @@ TEST(Fp8Delayed, ScalesUpdatedAheadEqualEachCallsUpdate) {
   }
 }
 
+// A layer registered under two names and called twice a forward (a tied
+// module) is one layer: updated once ahead, its first call takes that
+// update and its second updates as without the call ahead.
+TEST(Fp8Delayed, ATiedLayerCalledTwiceIsUpdatedOnceAhead) {
+  struct Tied : torch::nn::Module {
+    Tied() {
+      fc = register_module("fc", lamp::nn::Linear(16, 16));
+      register_module("again", fc);
+    }
+    lamp::nn::Linear fc{nullptr};
+  };
+  const auto recipe = delayed(4);
+  auto run = [&](bool ahead) {
+    torch::manual_seed(11);
+    Tied net;
+    lamp::init_fp8_state(net, recipe);
+    for (int step = 0; step < 4; ++step) {
+      const auto x = torch::randn({16, 16});
+      lamp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      lamp::Fp8AutocastGuard fp8(recipe);
+      if (ahead) {
+        lamp::update_fp8_scales(net);
+      }
+      net.fc(net.fc(x)).to(torch::kFloat).square().sum().backward();
+    }
+    return std::make_pair(
+        net.fc->fp8_amax_history.clone(), net.fc->fp8_scale.clone());
+  };
+  const auto [plain_history, plain_scale] = run(false);
+  const auto [history, scale] = run(true);
+  EXPECT_TRUE(torch::equal(history, plain_history));
+  EXPECT_TRUE(torch::equal(scale, plain_scale));
+}
+
 // A state changed between lamp::update_fp8_scales and the forward (a
 // checkpoint loaded into it) is updated at the layer's call, as without
 // the call ahead; outside a delayed scope the call does nothing.
