@@ -184,7 +184,9 @@ struct GptImpl : torch::nn::Module {
         " tokens is longer than the model's block size, ",
         config.block_size);
     const auto pos = torch::arange(t, idx.options());
-    auto x = drop(wte(idx) + wpe(pos));
+    // NOTE: lamp's embedding adds its gradient into the tied head's
+    // (lamp::nn::embedding), where wte(idx) would make a second dense one.
+    auto x = drop(lamp::nn::embedding(idx, wte->weight) + wpe(pos));
     torch::Tensor pending;
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto& block = blocks[i];

@@ -10,6 +10,7 @@
 #include <lamp/nn/conv_bn_add_relu.h>
 #include <lamp/nn/conv_shortcut.h>
 #include <lamp/nn/diagnostics.h>
+#include <lamp/nn/embedding.h>
 #include <lamp/nn/gelu_mlp.h>
 #include <lamp/nn/linear.h>
 #include <lamp/nn/linear_cross_entropy.h>

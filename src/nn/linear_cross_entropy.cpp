@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "tied_grad.h"
+
 #if LAMP_WITH_CUDA
 #include "cross_entropy_cuda.h"
 #endif
@@ -80,7 +82,8 @@ class LinearCrossEntropyFunction
       bool mean,
       int64_t chunk_size,
       bool want_grads,
-      at::ScalarType input_dtype) {
+      at::ScalarType input_dtype,
+      c10::intrusive_ptr<detail::TiedGradSlot> tied) {
     ctx->set_materialize_grads(false);
     const at::Tensor weight = master_weight.to(input.scalar_type());
     const int64_t rows = input.size(0);
@@ -134,6 +137,9 @@ class LinearCrossEntropyFunction
       }
       ctx->saved_data["input_dtype"] = input_dtype;
       ctx->saved_data["weight_dtype"] = master_weight.scalar_type();
+      if (tied) {
+        ctx->saved_data["tied"] = c10::IValue::make_capsule(std::move(tied));
+      }
     }
     return total;
   }
@@ -144,7 +150,7 @@ class LinearCrossEntropyFunction
         "lamp::nn::linear_cross_entropy: no double backward (backward with "
         "create_graph=true); use torch::cross_entropy_loss(lamp::nn::"
         "linear(...)) for that");
-    const variable_list none(8);
+    const variable_list none(9);
     const auto& grad = grads[0];
     if (!grad.defined() || !ctx->saved_data.count("dx")) {
       return none;
@@ -162,6 +168,14 @@ class LinearCrossEntropyFunction
     }
     if (ctx->needs_input_grad(1)) {
       out[1] = (dw * scale).to(ctx->saved_data["weight_dtype"].toScalarType());
+      // A token embedding sharing the weight adds its rows into this (Note
+      // [A tied embedding's gradient] in embedding.cpp).
+      if (ctx->saved_data.count("tied")) {
+        detail::hand_tied_grad(
+            c10::static_intrusive_pointer_cast<detail::TiedGradSlot>(
+                ctx->saved_data["tied"].toCapsule()),
+            out[1]);
+      }
     }
     return out;
   }
@@ -248,6 +262,11 @@ torch::Tensor linear_cross_entropy(
   // and the loss must not be cast back.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(
       c10::autocast_dispatch_keyset);
+  // The slot a token embedding tied to this weight offered, if any.
+  c10::intrusive_ptr<detail::TiedGradSlot> tied;
+  if (want_grads && weight.requires_grad()) {
+    tied = detail::take_tied_grad_slot(weight);
+  }
   return LinearCrossEntropyFunction::apply(
       x.contiguous(),
       weight,
@@ -256,7 +275,8 @@ torch::Tensor linear_cross_entropy(
       std::holds_alternative<torch::enumtype::kMean>(options.reduction()),
       options.chunk_size(),
       want_grads,
-      input.scalar_type());
+      input.scalar_type(),
+      std::move(tied));
 }
 
 } // namespace lamp::nn
