@@ -75,8 +75,8 @@ cudaError_t launch_embedding_backward(
   }
   // NOTE: a block per index (most return at once: only a run's first
   // sums), threads over the columns, a warp's worth at least.
-  const int threads = static_cast<int>(
-      std::min<int64_t>(kThreads, (a.dim + 31) / 32 * 32));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(kThreads, (a.dim + 31) / 32 * 32));
   const int blocks = static_cast<int>(std::min<int64_t>(a.n, 1 << 20));
   switch (a.dtype) {
     case EmbeddingDtype::kFloat:

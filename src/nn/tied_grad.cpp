@@ -32,7 +32,9 @@ void drop_dead_offers() {
       std::remove_if(
           offers.begin(),
           offers.end(),
-          [](const Offer& o) { return o.weight.expired() || o.slot.expired(); }),
+          [](const Offer& o) {
+            return o.weight.expired() || o.slot.expired();
+          }),
       offers.end());
 }
 
@@ -58,8 +60,7 @@ c10::intrusive_ptr<TiedGradSlot> offer_tied_grad_slot(
   return slot;
 }
 
-c10::intrusive_ptr<TiedGradSlot> take_tied_grad_slot(
-    const at::Tensor& weight) {
+c10::intrusive_ptr<TiedGradSlot> take_tied_grad_slot(const at::Tensor& weight) {
   for (auto it = offers.begin(); it != offers.end(); ++it) {
     if (it->weight.lock().get() != weight.unsafeGetTensorImpl()) {
       continue;

@@ -75,13 +75,13 @@ torch::Tensor tied_grad(const Tied& p, bool lamp_embedding) {
 TEST(Embedding, EqualsAtensEmbeddingBitForBit) {
   torch::manual_seed(0);
   const auto w0 = torch::randn({40, 6});
-  for (const auto& shape : std::vector<std::vector<int64_t>>{
-           {7}, {3, 5}, {2, 3, 4}}) {
+  for (const auto& shape :
+       std::vector<std::vector<int64_t>>{{7}, {3, 5}, {2, 3, 4}}) {
     for (const auto dtype : {torch::kLong, torch::kInt}) {
-      for (const auto pad : std::vector<std::optional<int64_t>>{
-               std::nullopt, 5, -35}) {
-        SCOPED_TRACE(std::to_string(shape.size()) + "-D, " +
-                     c10::toString(dtype));
+      for (const auto pad :
+           std::vector<std::optional<int64_t>>{std::nullopt, 5, -35}) {
+        SCOPED_TRACE(
+            std::to_string(shape.size()) + "-D, " + c10::toString(dtype));
         auto idx = torch::randint(40, shape, torch::kLong);
         idx.view(-1)[0] = 5;
         idx = idx.to(dtype);
@@ -210,8 +210,9 @@ TEST_F(EmbeddingGpu, KernelEqualsAtensBitForBit) {
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
     for (const int64_t dim : {768, 100}) {
       for (const int64_t pad : {-1, 7}) {
-        SCOPED_TRACE(std::string(c10::toString(dtype)) + " " +
-                     std::to_string(dim) + " pad " + std::to_string(pad));
+        SCOPED_TRACE(
+            std::string(c10::toString(dtype)) + " " + std::to_string(dim) +
+            " pad " + std::to_string(pad));
         const auto p = tied_problem(1000, dim, {16, 512}, torch::kCUDA);
         const auto w0 = p.w.to(dtype);
         const auto g = torch::randn({16, 512, dim}, w0.options());
