@@ -12,6 +12,7 @@
 #include <lamp/config.h>
 #include <lamp/nn/embedding.h>
 #include <lamp/nn/linear_cross_entropy.h>
+#include <lamp/optim.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -255,13 +256,14 @@ TEST_F(EmbeddingGpu, TiedUnderAutocastEqualsAtensSumBitForBit) {
   EXPECT_TRUE(torch::equal(got, run(false)));
 }
 
-// Trained with SGD inside lamp::GraphedStep: the replays' weights equal
+// Trained with FusedSGD inside lamp::GraphedStep: the replays' weights equal
 // eager steps' bit for bit, and ATen's embedding's.
 TEST_F(EmbeddingGpu, GraphedStepsEqualEagerSteps) {
   const auto p = tied_problem(1000, 64, {8, 512}, torch::kCUDA);
   auto train = [&](bool graphed, bool lamp_embedding) {
     auto w = p.w.clone().requires_grad_();
-    torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.5));
+    lamp::optim::FusedSGD sgd(
+        std::vector<torch::Tensor>{w}, torch::optim::SGDOptions(0.5));
     auto step = [&](const std::vector<torch::Tensor>&) {
       sgd.zero_grad();
       auto loss = tied_loss(p, w, lamp_embedding);
