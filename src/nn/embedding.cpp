@@ -44,6 +44,11 @@ using torch::autograd::variable_list;
 // embedding), the slot is empty and it returns its own gradient; the
 // head's gradient left in the slot is dropped when the backward pass ends
 // (an engine callback), so it is never added into in a later pass.
+// And W used a third time (a penalty on it, a second head): once a third
+// gradient arrives, the engine sums it with the head's into a new tensor
+// (or into the third one), and the head's is no longer what W receives.
+// So the embedding adds in place only while the head's gradient has no
+// holder but the engine's buffer and itself; else it returns its own.
 // The backward functions of one device run on one engine thread; the
 // slot's mutex orders them where they do not.
 
@@ -80,9 +85,12 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
           c10::static_intrusive_pointer_cast<detail::TiedGradSlot>(
               ctx->saved_data["slot"].toCapsule()));
     }
-    // NOTE: only a gradient laid out as this one's own would be.
-    const bool into = tied.defined() && tied.dim() == 2 &&
-        tied.size(0) == rows && tied.size(1) == dim &&
+    // NOTE: only a gradient laid out as this one's own would be, and only
+    // while autograd's buffer for W still holds it (with `tied`, its only
+    // holders): where a third use of W gave W another gradient, the engine
+    // has summed the two into another tensor (see the Note).
+    const bool into = tied.defined() && tied.use_count() == 2 &&
+        tied.dim() == 2 && tied.size(0) == rows && tied.size(1) == dim &&
         tied.scalar_type() == grad.scalar_type() &&
         tied.device() == grad.device() && tied.is_contiguous() &&
         tied.layout() == at::kStrided;

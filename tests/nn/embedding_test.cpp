@@ -147,6 +147,30 @@ TEST(Embedding, UntiedOrderOrSeparatePassesStillSumBoth) {
   EXPECT_TRUE(torch::allclose(apart.grad(), expected.grad(), 1e-6, 1e-7));
 }
 
+// W used a third time, its gradient arriving before the head's or after
+// it: the engine sums them into another tensor, which the embedding must
+// not miss.
+TEST(Embedding, AThirdUseOfTheWeightStillSumsAll) {
+  const auto p = tied_problem(50, 16, {4, 12});
+  for (const bool penalty_first : {false, true}) {
+    SCOPED_TRACE(penalty_first ? "penalty first" : "penalty last");
+    auto run = [&](bool lamp_embedding) {
+      auto w = p.w.clone().requires_grad_();
+      torch::Tensor penalty;
+      if (penalty_first) {
+        penalty = (w * w).sum() * 0.01;
+      }
+      auto loss = tied_loss(p, w, lamp_embedding);
+      if (!penalty_first) {
+        penalty = (w * w).sum() * 0.01;
+      }
+      (loss + penalty).backward();
+      return w.grad();
+    };
+    EXPECT_TRUE(torch::allclose(run(true), run(false), 1e-6, 1e-7));
+  }
+}
+
 TEST(Embedding, TwoPassesWithTheGraphRetainedAccumulateTwice) {
   const auto p = tied_problem(50, 16, {4, 12});
   auto run = [&](bool lamp_embedding) {
@@ -276,7 +300,9 @@ TEST_F(EmbeddingGpu, GraphedStepsEqualEagerSteps) {
   };
   const auto eager = train(false, false);
   EXPECT_TRUE(torch::equal(train(false, true), eager));
+  const auto before = tied_grad_adds();
   EXPECT_TRUE(torch::equal(train(true, true), eager));
+  EXPECT_GT(tied_grad_adds(), before); // tied in the captured step too
 }
 
 #endif // LAMP_WITH_CUDA
