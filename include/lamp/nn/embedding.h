@@ -26,8 +26,9 @@ namespace lamp::nn {
 /// into the head's gradient in place instead (one kernel after the sort,
 /// on CUDA), and the weight receives that one gradient: the same values as
 /// ATen's sum. In any other case (no such head, the head's backward not
-/// yet run when the embedding's runs) the embedding returns its own
-/// gradient as ATen's does.
+/// yet run when the embedding's runs, a third use of the weight whose
+/// gradient autograd has already summed with the head's) the embedding
+/// returns its own gradient as ATen's does.
 ///
 /// \param input indices in [0, V).
 /// \param weight (V, C), floating point.
