@@ -14,6 +14,29 @@ namespace {
 // for bit; one block sums a whole run, so no scratch and no second kernel.
 constexpr int kRowsPerPartial = 10;
 constexpr int kThreads = 256;
+// NOTE: rows loaded before any is added (whole partials, so the batches
+// keep ATen's partials). Text repeats a few tokens hundreds of times in a
+// batch (",", "the"): one block sums each such run, and loading 20 rows at
+// a time keeps that many loads in flight where the loop a row at a time
+// kept the few the compiler unrolled. Two partials, not more: 48 registers
+// a thread keep the 5 blocks an SM of the one-row loop (40 rows took 80).
+constexpr int kBatch = 2 * kRowsPerPartial;
+
+// The end of the run of `key` that starts at `i`: the first index after
+// it whose sorted value differs (a binary search: runs may be long).
+__device__ int64_t
+run_end(const int64_t* sorted, int64_t n, int64_t i, int64_t key) {
+  int64_t lo = i + 1, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] == key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
 
 template <typename T, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
@@ -26,19 +49,31 @@ __global__ void __launch_bounds__(kThreads)
     if ((i > 0 && a.sorted[i - 1] == key) || key == a.padding_idx) {
       continue;
     }
-    int64_t end = i + 1;
-    while (end < a.n && a.sorted[end] == key) {
-      ++end;
-    }
+    const int64_t end = run_end(a.sorted, a.n, i, key);
     for (int64_t c = threadIdx.x; c < a.dim; c += blockDim.x) {
       float sum = 0.f;
-      for (int64_t p = i; p < end; p += kRowsPerPartial) {
-        const int64_t q_end = min(p + kRowsPerPartial, end);
-        float partial = 0.f;
-        for (int64_t q = p; q < q_end; ++q) {
-          partial += to_float(g[a.order[q] * a.dim + c]);
+      for (int64_t p = i; p < end; p += kBatch) {
+        const int m = static_cast<int>(end - p < kBatch ? end - p : kBatch);
+        float v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (k < m) {
+            v[k] = to_float(g[a.order[p + k] * a.dim + c]);
+          }
         }
-        sum += partial;
+#pragma unroll
+        for (int j = 0; j < kBatch; j += kRowsPerPartial) {
+          if (j < m) {
+            float partial = 0.f;
+#pragma unroll
+            for (int k = j; k < j + kRowsPerPartial; ++k) {
+              if (k < m) {
+                partial += v[k];
+              }
+            }
+            sum += partial;
+          }
+        }
       }
       T* out = w + key * a.dim + c;
       if (kAdd) {

@@ -16,7 +16,7 @@ struct Offer {
   // The weight's version and history when offered: an in-place change
   // between the embedding and the head gives the head's gradient another
   // path back, where the embedding could not add into it.
-  uint32_t version = 0;
+  int64_t version = 0;
   const torch::autograd::Node* grad_fn = nullptr;
   c10::weak_intrusive_ptr<TiedGradSlot> slot;
 };
