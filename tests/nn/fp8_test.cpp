@@ -155,10 +155,13 @@ TEST(Fp8, AModelTrainsInFp8AsInBf16) {
     torch::nn::Sequential net(
         lamp::nn::Linear(32, 64), torch::nn::ReLU(), lamp::nn::Linear(64, 16));
     torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(3e-3));
-    const auto x = torch::randn({256, 32});
+    // NOTE: 128 rows and 60 steps: ATen's CPU _scaled_mm is slow (~50 ms a
+    // call at 256 rows); the loss is still falling, so FP8 and bf16 are
+    // compared on the way down, not both at ~0.
+    const auto x = torch::randn({128, 32});
     const auto y = x.matmul(torch::randn({32, 16})).argmax(1);
     double first = 0, last = 0;
-    for (int step = 0; step < 150; ++step) {
+    for (int step = 0; step < 60; ++step) {
       opt.zero_grad();
       torch::Tensor loss;
       {
