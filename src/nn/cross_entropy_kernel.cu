@@ -123,6 +123,36 @@ struct alignas(16) Pack {
   T v[kPack<T>];
 };
 
+// A vector of logits added into a running MaxSum.
+template <typename T>
+__device__ MaxSum add_pack(MaxSum ms, Pack<T> p) {
+#pragma unroll
+  for (int k = 0; k < kPack<T>; ++k) {
+    ms = add(ms, to_float(p.v[k]));
+  }
+  return ms;
+}
+
+// softmax - one_hot(t) of the row's vector i (zeros for an ignored row).
+// NOTE: exp(x - lse), not exp(x - max) / sum: one multiplication less, and
+// the same within fp32 rounding.
+template <typename T>
+__device__ Pack<T> grad_pack(
+    Pack<T> p,
+    int64_t i,
+    float lse,
+    int64_t t,
+    bool ignored) {
+#pragma unroll
+  for (int k = 0; k < kPack<T>; ++k) {
+    const int64_t j = i * kPack<T> + k;
+    const float g =
+        ignored ? 0.f : expf(to_float(p.v[k]) - lse) - (j == t ? 1.f : 0.f);
+    p.v[k] = from_float<T>(g);
+  }
+  return p;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
     T* logits,
@@ -144,11 +174,7 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
 
   MaxSum ms{-INFINITY, 0.f};
   for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
-    const Pack<T> p = packed[i];
-#pragma unroll
-    for (int k = 0; k < kPack<T>; ++k) {
-      ms = add(ms, to_float(p.v[k]));
-    }
+    ms = add_pack(ms, packed[i]);
   }
   for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     ms = add(ms, to_float(row[j]));
@@ -162,18 +188,8 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
   // NOTE: thread 0 read the target's logit just above; no thread may write
   // over the row before that.
   __syncthreads();
-  // NOTE: exp(x - lse), not exp(x - max) / sum: one multiplication less,
-  // and the same within fp32 rounding.
   for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
-    Pack<T> p = packed[i];
-#pragma unroll
-    for (int k = 0; k < kPack<T>; ++k) {
-      const int64_t j = i * kPack<T> + k;
-      const float g =
-          ignored ? 0.f : expf(to_float(p.v[k]) - lse) - (j == t ? 1.f : 0.f);
-      p.v[k] = from_float<T>(g);
-    }
-    packed[i] = p;
+    packed[i] = grad_pack(packed[i], i, lse, t, ignored);
   }
   for (int64_t j = packs * kPack<T> + threadIdx.x; j < classes; j += kThreads) {
     const float g =
@@ -214,10 +230,7 @@ __global__ void __launch_bounds__(kOnChipThreads) softmax_xent_grad_on_chip(
   for (int64_t i = threadIdx.x; i < packs; i += kOnChipThreads) {
     const Pack<T> p = packed[i];
     kept[i] = p;
-#pragma unroll
-    for (int k = 0; k < kPack<T>; ++k) {
-      ms = add(ms, to_float(p.v[k]));
-    }
+    ms = add_pack(ms, p);
   }
   ms = block_combine<kOnChipThreads>(ms);
   const float lse = ms.max + logf(ms.sum);
@@ -231,15 +244,7 @@ __global__ void __launch_bounds__(kOnChipThreads) softmax_xent_grad_on_chip(
   // vectors it stored itself, and the target's logit comes from shared
   // memory, which no thread writes again.
   for (int64_t i = threadIdx.x; i < packs; i += kOnChipThreads) {
-    Pack<T> p = kept[i];
-#pragma unroll
-    for (int k = 0; k < kPack<T>; ++k) {
-      const int64_t j = i * kPack<T> + k;
-      const float g =
-          ignored ? 0.f : expf(to_float(p.v[k]) - lse) - (j == t ? 1.f : 0.f);
-      p.v[k] = from_float<T>(g);
-    }
-    packed[i] = p;
+    packed[i] = grad_pack(kept[i], i, lse, t, ignored);
   }
 }
 
