@@ -16,16 +16,17 @@ bool channel_sums_cuda_applies(const at::Tensor& x, int64_t channels) {
       reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
-std::pair<at::Tensor, at::Tensor> channel_sums_cuda(
+namespace {
+
+// The kernel's arguments for x, with its scratch (kept alive by `partials`).
+ChannelSumsArgs channel_sums_args(
     const at::Tensor& x,
     int64_t channels,
-    bool squares) {
-  const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor& partials) {
   const int64_t rows = channels > 0 ? x.numel() / channels : 0;
-  const auto f32 = x.options().dtype(at::kFloat);
-  auto partials = at::empty({channel_sums_partial_floats(rows, channels)}, f32);
-  auto sum = at::empty({channels}, f32);
-  at::Tensor sum_of_squares;
+  partials = at::empty(
+      {channel_sums_partial_floats(rows, channels)},
+      x.options().dtype(at::kFloat));
   ChannelSumsArgs a;
   a.dtype =
       x.scalar_type() == at::kHalf ? ActDtype::kHalf : ActDtype::kBFloat16;
@@ -33,6 +34,21 @@ std::pair<at::Tensor, at::Tensor> channel_sums_cuda(
   a.channels = channels;
   a.x = x.const_data_ptr();
   a.partials = partials.mutable_data_ptr<float>();
+  return a;
+}
+
+} // namespace
+
+std::pair<at::Tensor, at::Tensor> channel_sums_cuda(
+    const at::Tensor& x,
+    int64_t channels,
+    bool squares) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor partials;
+  ChannelSumsArgs a = channel_sums_args(x, channels, partials);
+  const auto f32 = x.options().dtype(at::kFloat);
+  auto sum = at::empty({channels}, f32);
+  at::Tensor sum_of_squares;
   a.sum = sum.mutable_data_ptr<float>();
   if (squares) {
     sum_of_squares = at::empty({channels}, f32);
@@ -41,6 +57,17 @@ std::pair<at::Tensor, at::Tensor> channel_sums_cuda(
   C10_CUDA_CHECK(launch_channel_sums(
       a, c10::cuda::getCurrentCUDAStream(x.device().index())));
   return {std::move(sum), std::move(sum_of_squares)};
+}
+
+at::Tensor channel_sums_rounded_cuda(const at::Tensor& x, int64_t channels) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor partials;
+  ChannelSumsArgs a = channel_sums_args(x, channels, partials);
+  auto sum = at::empty({channels}, x.options());
+  a.sum_rounded = sum.mutable_data_ptr();
+  C10_CUDA_CHECK(launch_channel_sums(
+      a, c10::cuda::getCurrentCUDAStream(x.device().index())));
+  return sum;
 }
 
 } // namespace lamp::nn::detail

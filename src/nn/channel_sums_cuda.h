@@ -24,4 +24,9 @@ std::pair<at::Tensor, at::Tensor> channel_sums_cuda(
     int64_t channels,
     bool squares);
 
+/// The sums over the rows, [channels], rounded once to x's dtype (what
+/// `channel_sums_cuda(x, channels, false).first.to(x.scalar_type())` gives,
+/// the rounding done by the kernel that adds them: one launch less).
+at::Tensor channel_sums_rounded_cuda(const at::Tensor& x, int64_t channels);
+
 } // namespace lamp::nn::detail

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 }
 
 // Per channel: the blocks' partials, added in block order.
-template <int kSums>
+template <typename T, int kSums>
 __global__ void __launch_bounds__(kFoldChannels* kFoldSlices)
     fold_kernel(ChannelSumsArgs a, int64_t blocks) {
   float total[kSums];
@@ -69,7 +69,12 @@ __global__ void __launch_bounds__(kFoldChannels* kFoldSlices)
   if (c < 0) {
     return;
   }
-  a.sum[c] = total[0];
+  if (a.sum != nullptr) {
+    a.sum[c] = total[0];
+  }
+  if (a.sum_rounded != nullptr) {
+    static_cast<T*>(a.sum_rounded)[c] = from_float<T>(total[0]);
+  }
   if constexpr (kSums == 2) {
     a.sum_of_squares[c] = total[kSums - 1];
   }
@@ -83,7 +88,7 @@ cudaError_t launch_typed(const ChannelSumsArgs& a, cudaStream_t stream) {
          kReduceThreads,
          0,
          stream>>>(a, l);
-  fold_kernel<kSums>
+  fold_kernel<T, kSums>
       <<<fold_grid(a.channels), fold_block(), 0, stream>>>(a, l.blocks);
   return cudaGetLastError();
 }
@@ -109,10 +114,18 @@ cudaError_t launch_channel_sums(
   if (args.rows == 0) {
     // Nothing to read: the sums are 0.
     const size_t bytes = static_cast<size_t>(args.channels) * sizeof(float);
-    cudaError_t e = cudaMemsetAsync(args.sum, 0, bytes, stream);
-    return e != cudaSuccess || args.sum_of_squares == nullptr
-        ? e
-        : cudaMemsetAsync(args.sum_of_squares, 0, bytes, stream);
+    cudaError_t e = cudaSuccess;
+    if (args.sum != nullptr) {
+      e = cudaMemsetAsync(args.sum, 0, bytes, stream);
+    }
+    if (e == cudaSuccess && args.sum_rounded != nullptr) {
+      // fp16 and bf16 zeros are zero bits too.
+      e = cudaMemsetAsync(args.sum_rounded, 0, bytes / 2, stream);
+    }
+    if (e == cudaSuccess && args.sum_of_squares != nullptr) {
+      e = cudaMemsetAsync(args.sum_of_squares, 0, bytes, stream);
+    }
+    return e;
   }
   return args.dtype == ActDtype::kHalf
       ? launch_typed<__half>(args, stream)

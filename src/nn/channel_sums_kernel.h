@@ -24,7 +24,10 @@ struct ChannelSumsArgs {
   int64_t channels = 0;
   const void* x = nullptr;
   float* partials = nullptr; // channel_sums_partial_floats(rows, channels)
-  float* sum = nullptr; // [channels]
+  float* sum = nullptr; // [channels], or null: the rounded sums only
+  // [channels] in `dtype`, or null: the sums rounded once to x's type (a
+  // bias gradient, written by the fold instead of a cast kernel after it).
+  void* sum_rounded = nullptr;
   float* sum_of_squares = nullptr; // [channels], or null: the sums only
 };
 

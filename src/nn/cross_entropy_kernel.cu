@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <atomic>
@@ -153,6 +154,70 @@ __device__ Pack<T> grad_pack(
   return p;
 }
 
+// For the on-chip kernel (below): exp(x) as 2^(x log2 e), one FFMA and the
+// SFU's ex2.approx (relative error ~2^-22, subnormal results flushed to 0),
+// where expf's full-precision sequence is ~6 more instructions an element.
+// NOTE: with the row read once, the kernel was bound by its instructions,
+// not the memory (see the kernel's measurements).
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// add_pack with the vector's max taken first: one rescale of the running
+// sum a vector (not one a new maximum) and no branch an element. -inf
+// logits add ex2(-inf) = 0; a NaN logit makes the sum NaN (fmaxf skips it
+// but its exp does not), and so the row's loss, as in Python.
+template <typename T>
+__device__ MaxSum add_pack_approx(MaxSum ms, Pack<T> p) {
+  float x[kPack<T>];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPack<T>; ++k) {
+    x[k] = to_float(p.v[k]);
+    m = fmaxf(m, x[k]);
+  }
+  const float max = fmaxf(ms.max, m);
+  if (max == -INFINITY) {
+    return ms; // all -inf so far (and exp(-inf - -inf) would be a NaN)
+  }
+  const float scaled_max = max * kLog2e;
+  float sum = ms.max == -INFINITY
+      ? 0.f
+      : ms.sum * exp2_approx(fmaf(ms.max, kLog2e, -scaled_max));
+#pragma unroll
+  for (int k = 0; k < kPack<T>; ++k) {
+    sum += exp2_approx(fmaf(x[k], kLog2e, -scaled_max));
+  }
+  return {max, sum};
+}
+
+// grad_pack with exp2_approx, and the target's position in the vector
+// found once (32-bit compares an element instead of 64-bit ones).
+template <typename T>
+__device__ Pack<T> grad_pack_approx(
+    Pack<T> p,
+    int64_t i,
+    float lse,
+    int64_t t,
+    bool ignored) {
+  const int64_t d = t - i * kPack<T>;
+  const int target_k = d >= 0 && d < kPack<T> ? static_cast<int>(d) : -1;
+  const float scaled_lse = lse * kLog2e;
+#pragma unroll
+  for (int k = 0; k < kPack<T>; ++k) {
+    const float g = ignored
+        ? 0.f
+        : exp2_approx(fmaf(to_float(p.v[k]), kLog2e, -scaled_lse)) -
+            (k == target_k ? 1.f : 0.f);
+    p.v[k] = from_float<T>(g);
+  }
+  return p;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
     T* logits,
@@ -199,13 +264,21 @@ __global__ void __launch_bounds__(kThreads) softmax_xent_grad_kernel(
 }
 
 // The same for a row of 16-byte vectors that fits in shared memory, read
-// from memory once: each thread keeps the vectors it read (the same ones it
-// writes back), so the second pass reads shared memory instead of the
-// logits again. Why the two-pass kernel's second read need not hit L2:
-// four 512-thread blocks an SM, 132 SMs and 100 KB rows (GPT-2's 50,304
-// bf16 classes) are ~53 MB of rows in flight, more than an H100's 50 MB.
-// Measured (H100, gpt2 bf16 graphed, alternated in one call, 2026-12-06):
-// 32.74 / 32.77 ms a step against the two-pass kernel's 32.95 / 32.91.
+// from memory once: each thread copies its vectors straight into shared
+// memory (cp.async on sm_80 and later: all of them in flight at once, no
+// registers held while they come), adds them up from there, and writes the
+// gradient of the same vectors back, so the second pass reads shared memory
+// instead of the logits again. Why the two-pass kernel's second read need
+// not hit L2: four 512-thread blocks an SM, 132 SMs and 100 KB rows (GPT-2's
+// 50,304 bf16 classes) are ~53 MB of rows in flight, more than an H100's
+// 50 MB. Measured (H100, gpt2 bf16, eager traces in one call, 2026-12-07;
+// the kernel's GPU time a step): one read, register loads and expf
+// (ef3772d) 1.69 ms; cp.async 1.62; ex2.approx (add_pack_approx,
+// grad_pack_approx) with register loads 1.22, with cp.async **1.10** (3.3 GB
+// read and written: ~3 TB/s, the memory's speed). Graphed gpt2 steps,
+// alternated in that call: 32.75 / 33.00 / 33.09 ms with ef3772d's kernel,
+// 32.30 / 32.28 / 32.63 with this one. (ef3772d's kernel had made the
+// graphed step 0.17 ms faster than the two-pass one.)
 // NOTE: 32 registers a thread (ptxas -v, sm_90), so two blocks fit an SM's
 // 64K registers; no minimum-blocks bound, which sm_75 and sm_86 (fewer
 // threads an SM) would ignore with a warning.
@@ -226,16 +299,23 @@ __global__ void __launch_bounds__(kOnChipThreads) softmax_xent_grad_on_chip(
   const int64_t t = target[r];
   const bool ignored = t == ignore_index;
 
+  // NOTE: a thread waits only for its own copies (wait_prior(0)) and reads
+  // only the vectors it copied, so no barrier is needed before the sums.
+  for (int64_t i = threadIdx.x; i < packs; i += kOnChipThreads) {
+    __pipeline_memcpy_async(&kept[i], &packed[i], sizeof(Pack<T>));
+  }
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
   MaxSum ms{-INFINITY, 0.f};
   for (int64_t i = threadIdx.x; i < packs; i += kOnChipThreads) {
-    const Pack<T> p = packed[i];
-    kept[i] = p;
-    ms = add_pack(ms, p);
+    ms = add_pack_approx(ms, kept[i]);
   }
   ms = block_combine<kOnChipThreads>(ms);
   const float lse = ms.max + logf(ms.sum);
   const bool in_range = t >= 0 && t < classes;
   if (threadIdx.x == 0) {
+    // NOTE: block_combine's barriers come after every thread's wait: the
+    // target's vector, copied by any thread, is in shared memory by now.
     loss[r] = ignored ? 0.f
         : in_range    ? lse - to_float(kept[t / kPack<T>].v[t % kPack<T>])
                       : NAN;
@@ -244,7 +324,7 @@ __global__ void __launch_bounds__(kOnChipThreads) softmax_xent_grad_on_chip(
   // vectors it stored itself, and the target's logit comes from shared
   // memory, which no thread writes again.
   for (int64_t i = threadIdx.x; i < packs; i += kOnChipThreads) {
-    packed[i] = grad_pack(kept[i], i, lse, t, ignored);
+    packed[i] = grad_pack_approx(kept[i], i, lse, t, ignored);
   }
 }
 

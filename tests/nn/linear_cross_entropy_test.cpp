@@ -158,6 +158,24 @@ TEST(LinearCrossEntropy, UnderAutocastAnFp32WeightGetsAnUnroundedGradient) {
       "input and weight must be floating point of one dtype");
 }
 
+// The loss's gradient (a loss scale, here 4) scales both gradients; the
+// saved gradients are not scaled in place, so a second backward of the same
+// graph (retain_graph) adds the same again.
+TEST(LinearCrossEntropy, TheLossGradientScalesAndASecondBackwardAddsTheSame) {
+  const auto p = problem({2, 5, 6}, 11);
+  const auto expected = aten(p);
+  auto x = p.x.detach().clone().requires_grad_();
+  auto w = p.w.detach().clone().requires_grad_();
+  const auto loss = lamp::nn::linear_cross_entropy(
+      x, w, p.t, LinearCrossEntropyOptions().chunk_size(4));
+  (loss * 4).backward({}, /*retain_graph=*/true);
+  EXPECT_LE(rel_error(x.grad(), expected.dx * 4), 1e-6);
+  EXPECT_LE(rel_error(w.grad(), expected.dw * 4), 1e-6);
+  (loss * 4).backward();
+  EXPECT_LE(rel_error(x.grad(), expected.dx * 8), 1e-6);
+  EXPECT_LE(rel_error(w.grad(), expected.dw * 8), 1e-6);
+}
+
 TEST(LinearCrossEntropy, NoGradientsWhenNoneAreWanted) {
   const auto p = problem({4, 6}, 9);
   const auto expected = aten(p).loss;
