@@ -187,7 +187,7 @@ __device__ MaxSum add_pack_approx(MaxSum ms, Pack<T> p) {
   const float scaled_max = max * kLog2e;
   float sum = ms.max == -INFINITY
       ? 0.f
-      : ms.sum * exp2_approx(fmaf(ms.max, kLog2e, -scaled_max));
+      : ms.sum * exp2_approx(ms.max * kLog2e - scaled_max);
 #pragma unroll
   for (int k = 0; k < kPack<T>; ++k) {
     sum += exp2_approx(fmaf(x[k], kLog2e, -scaled_max));
