@@ -170,7 +170,9 @@ __device__ float exp2_approx(float x) {
 // add_pack with the vector's max taken first: one rescale of the running
 // sum a vector (not one a new maximum) and no branch an element. -inf
 // logits add ex2(-inf) = 0; a NaN logit makes the sum NaN (fmaxf skips it
-// but its exp does not), and so the row's loss, as in Python.
+// but its exp does not), and so the row's loss, as in Python. A +inf logit
+// (a bf16 GEMM that overflowed) makes the loss NaN too, where Python's is
+// +inf (its gradients NaN either way).
 template <typename T>
 __device__ MaxSum add_pack_approx(MaxSum ms, Pack<T> p) {
   float x[kPack<T>];
