@@ -43,19 +43,49 @@ run_example(stopped --checkpoint-dir "${WORK}/ckpt" --checkpoint-every ${EVERY}
                     --stop-after ${STOP})
 run_example(resumed --checkpoint-dir "${WORK}/ckpt" --resume)
 
+# The first of the resumed run's lines that `whole` lacks, or "".
+function(first_missing whole out)
+  set(${out} "" PARENT_SCOPE)
+  foreach(line IN LISTS resumed)
+    list(FIND whole "${line}" at)
+    if(at EQUAL -1)
+      set(${out} "${line}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+endfunction()
+
 read_metrics(whole whole)
 read_metrics(resumed resumed)
 list(LENGTH resumed n)
 if(n EQUAL 0)
   message(FATAL_ERROR "the resumed run logged no steps")
 endif()
-foreach(line IN LISTS resumed)
-  list(FIND whole "${line}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "the resumed run logged a line the whole run did not:\n"
-                        "  ${line}\nwhole run:\n  ${whole}")
+first_missing("${whole}" missing)
+# NOTE: a mismatch is the resume's fault only if the uninterrupted run
+# reproduces itself. Once (CI, 2026-12-07, the FP8 run on a loaded 2-core
+# machine) an uninterrupted run logged another step-1 loss, in the 6th
+# digit, than every run before and since; the first step's forward reads
+# no state lamp saves, and neither thread counts, malloc's leftovers, the
+# CPU's ISA nor load made it again. So a mismatch runs the uninterrupted
+# run again: if the two agree,
+# the resume is wrong; if they differ, this machine's runs are not bitwise
+# reproducible, and the resumed run must equal the second one bit for bit.
+if(NOT missing STREQUAL "")
+  run_example(whole-again)
+  read_metrics(whole-again again)
+  if(NOT "${again}" STREQUAL "${whole}")
+    message(WARNING "the uninterrupted run did not reproduce itself on this "
+                    "machine:\n  first:  ${whole}\n  second: ${again}\n"
+                    "the resumed run is checked against the second")
+    set(whole "${again}")
+    first_missing("${whole}" missing)
   endif()
-endforeach()
+endif()
+if(NOT missing STREQUAL "")
+  message(FATAL_ERROR "the resumed run logged a line the whole run did not:\n"
+                      "  ${missing}\nwhole run:\n  ${whole}")
+endif()
 message(STATUS "resumed run: ${n} metrics lines, all equal to the whole run's")
 
 # Resumed again, the run has nothing left: one line saying so, status 0, no
