@@ -68,9 +68,9 @@ first_missing("${whole}" missing)
 # digit, than every run before and since; the first step's forward reads
 # no state lamp saves, and neither thread counts, malloc's leftovers, the
 # CPU's ISA nor load made it again. So a mismatch runs the uninterrupted
-# run again: if the two agree,
-# the resume is wrong; if they differ, this machine's runs are not bitwise
-# reproducible, and the resumed run must equal the second one bit for bit.
+# run again: if the two agree, the resume is wrong; if they differ, this
+# machine's runs are not bitwise reproducible, and the resumed run must
+# equal the second one bit for bit.
 if(NOT missing STREQUAL "")
   run_example(whole-again)
   read_metrics(whole-again again)
