@@ -145,8 +145,7 @@ void launch_packed(const EmbeddingBackwardArgs& a, cudaStream_t stream) {
 template <typename T>
 void launch_typed(const EmbeddingBackwardArgs& a, cudaStream_t stream) {
   constexpr int kVector = 16 / sizeof(T);
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
+  const bool aligned = reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(a.grad_weight) % 16 == 0 &&
       a.dim % kVector == 0;
   if (aligned) {
