@@ -43,10 +43,10 @@ run_example(stopped --checkpoint-dir "${WORK}/ckpt" --checkpoint-every ${EVERY}
                     --stop-after ${STOP})
 run_example(resumed --checkpoint-dir "${WORK}/ckpt" --resume)
 
-# The first of the resumed run's lines that `whole` lacks, or "".
-function(first_missing whole out)
+# The first of `lines` that `whole` lacks, or "".
+function(first_missing lines whole out)
   set(${out} "" PARENT_SCOPE)
-  foreach(line IN LISTS resumed)
+  foreach(line IN LISTS lines)
     list(FIND whole "${line}" at)
     if(at EQUAL -1)
       set(${out} "${line}" PARENT_SCOPE)
@@ -61,7 +61,7 @@ list(LENGTH resumed n)
 if(n EQUAL 0)
   message(FATAL_ERROR "the resumed run logged no steps")
 endif()
-first_missing("${whole}" missing)
+first_missing("${resumed}" "${whole}" missing)
 # NOTE: a mismatch is the resume's fault only if the uninterrupted run
 # reproduces itself. Once (CI, 2026-12-07, the FP8 run on a loaded 2-core
 # machine) an uninterrupted run logged another step-1 loss, in the 6th
@@ -79,7 +79,7 @@ if(NOT missing STREQUAL "")
                     "machine:\n  first:  ${whole}\n  second: ${again}\n"
                     "the resumed run is checked against the second")
     set(whole "${again}")
-    first_missing("${whole}" missing)
+    first_missing("${resumed}" "${whole}" missing)
   endif()
 endif()
 if(NOT missing STREQUAL "")
