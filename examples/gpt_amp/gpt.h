@@ -99,8 +99,15 @@ struct MlpImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     // c_proj(gelu(c_fc(x), "tanh")), the GELU in the GEMMs' epilogues on a
-    // GPU (lamp/nn/gelu_mlp.h).
-    return dropout(lamp::nn::gelu_mlp(x, c_fc, c_proj));
+    // GPU (lamp/nn/gelu_mlp.h). Its output is the block's `pending`, which
+    // the next block adds: a checkpoint's recompute needs it as a root
+    // only, and skips c_proj's GEMM (a quarter of the block's forward
+    // GEMMs). Dropout keeps its mask, not its input.
+    return dropout(lamp::nn::gelu_mlp(
+        x,
+        c_fc,
+        c_proj,
+        lamp::nn::GeluMlpOptions().skip_output_in_recompute(true)));
   }
   lamp::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
@@ -194,6 +201,15 @@ struct GptImpl : torch::nn::Module {
         // [snippet gpt-checkpoint]
         auto out = lamp::checkpoint(
             [block](const std::vector<torch::Tensor>& in) mutable {
+              // The recompute runs in the backward pass, after the step's
+              // CastWeightsGuard (main.cpp) has ended: the block's weights
+              // cast in one kernel (and their gradients back in one), not
+              // one by autocast each.
+              std::optional<lamp::CastWeightsGuard> cast;
+              if (lamp::is_recomputing() &&
+                  !lamp::Fp8AutocastGuard::is_enabled()) {
+                cast.emplace(*block, in[0].device().type());
+              }
               auto [h, y] = block->forward(in[0], in[1]);
               return std::vector<torch::Tensor>{h, y};
             },

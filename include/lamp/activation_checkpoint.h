@@ -64,6 +64,16 @@ LAMP_API std::vector<torch::Tensor> checkpoint(
     const std::vector<torch::Tensor>& inputs,
     CheckpointOptions options = {});
 
+/// Whether this thread is running a lamp::checkpoint recompute: `fn` called
+/// again by the backward pass, as opposed to the forward call (or code
+/// outside any checkpoint). A function can do less there, e.g. cast its
+/// block's weights in one kernel (lamp::CastWeightsGuard) where the forward
+/// call's caller cast the whole model's, or leave uncomputed an output that
+/// the recompute's backward pass needs only as a root
+/// (lamp::nn::GeluMlpOptions::skip_output_in_recompute). Python has no twin
+/// (torch.utils.checkpoint keeps the equivalent state private).
+LAMP_API bool is_recomputing();
+
 /// One tensor in, one out:
 /// `lamp::checkpoint([mlp](const torch::Tensor& x) { return mlp(x); }, x)`.
 LAMP_API torch::Tensor checkpoint(

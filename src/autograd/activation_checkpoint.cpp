@@ -228,6 +228,10 @@ std::vector<torch::Tensor> checkpoint(
   return CheckpointNode::apply(std::move(state), at::TensorList(defined));
 }
 
+bool is_recomputing() {
+  return nn::detail::fp8_recomputing();
+}
+
 torch::Tensor checkpoint(
     const std::function<torch::Tensor(const torch::Tensor&)>& fn,
     const torch::Tensor& input,

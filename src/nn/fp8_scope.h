@@ -5,7 +5,8 @@
 namespace lamp::nn::detail {
 
 /// True while this thread runs a lamp::checkpoint recompute: delayed FP8
-/// scales are used as the forward call left them, not updated again.
+/// scales are used as the forward call left them, not updated again (and
+/// lamp::is_recomputing() reads it).
 bool& fp8_recomputing();
 
 } // namespace lamp::nn::detail

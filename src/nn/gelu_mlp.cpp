@@ -1,5 +1,6 @@
 #include <lamp/nn/gelu_mlp.h>
 
+#include <lamp/activation_checkpoint.h>
 #include <lamp/config.h>
 #include <lamp/fp8.h>
 
@@ -18,7 +19,8 @@ torch::Tensor gelu_mlp(
     const torch::Tensor& fc_weight,
     const torch::Tensor& fc_bias,
     const torch::Tensor& proj_weight,
-    const torch::Tensor& proj_bias) {
+    const torch::Tensor& proj_bias,
+    const GeluMlpOptions& options) {
   if (Fp8AutocastGuard::is_enabled() &&
       detail::fp8_gelu_mlp_applies(input, fc_weight, proj_weight)) {
     // Current scaling (the functional form keeps no state).
@@ -30,7 +32,12 @@ torch::Tensor gelu_mlp(
       detail::gelu_mlp_cuda_applies(
           input, fc_weight, fc_bias, proj_weight, proj_bias)) {
     return detail::gelu_mlp_cuda(
-        input, fc_weight, fc_bias, proj_weight, proj_bias);
+        input,
+        fc_weight,
+        fc_bias,
+        proj_weight,
+        proj_bias,
+        options.skip_output_in_recompute() && is_recomputing());
   }
 #endif
   return linear(
@@ -39,7 +46,11 @@ torch::Tensor gelu_mlp(
       proj_bias);
 }
 
-torch::Tensor gelu_mlp(const torch::Tensor& input, Linear& fc, Linear& proj) {
+torch::Tensor gelu_mlp(
+    const torch::Tensor& input,
+    Linear& fc,
+    Linear& proj,
+    const GeluMlpOptions& options) {
   TORCH_CHECK_VALUE(
       fc->bias.defined() && proj->bias.defined(),
       "lamp::nn::gelu_mlp: both layers need a bias (LinearOptions::bias); "
@@ -60,7 +71,8 @@ torch::Tensor gelu_mlp(const torch::Tensor& input, Linear& fc, Linear& proj) {
     }
     return proj(at::gelu(fc(input), "tanh"));
   }
-  return gelu_mlp(input, fc->weight, fc->bias, proj->weight, proj->bias);
+  return gelu_mlp(
+      input, fc->weight, fc->bias, proj->weight, proj->bias, options);
 }
 
 } // namespace lamp::nn

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <utility>
 #include <vector>
 
 // Note [GELU in the GEMMs' epilogues]
@@ -40,6 +41,29 @@ bool half_type(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
 }
 
+// fc's GEMM with the GELU_AUX_BIAS epilogue: a = gelu(h), h = x W1^T + b1
+// (the two ops where cuBLASLt declines). The training forward and the
+// no-grad one both call it, so that their values are the same bits.
+std::pair<at::Tensor, at::Tensor> hidden_of(
+    const at::Tensor& x,
+    const at::Tensor& w1,
+    const at::Tensor& b1) {
+  const auto x2 = x.view({-1, w1.size(1)});
+  at::Tensor h = at::empty({x2.size(0), w1.size(0)}, x.options());
+  at::Tensor a = at::empty_like(h);
+  if (!lt_matmul(a, x2, false, w1, true, LtEpilogue::kGeluAuxBias, h, b1)) {
+    h = at::linear(x2, w1, b1);
+    a = at::gelu(h, "tanh");
+  }
+  return {a, h};
+}
+
+std::vector<int64_t> output_sizes(const at::Tensor& x, const at::Tensor& w2) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = w2.size(0);
+  return sizes;
+}
+
 class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
  public:
   static at::Tensor forward(
@@ -48,18 +72,16 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       const at::Tensor& w1,
       const at::Tensor& b1,
       const at::Tensor& w2,
-      const at::Tensor& b2) {
-    const auto x2 = x.view({-1, w1.size(1)});
-    at::Tensor h = at::empty({x2.size(0), w1.size(0)}, x.options());
-    at::Tensor a = at::empty_like(h);
-    if (!lt_matmul(a, x2, false, w1, true, LtEpilogue::kGeluAuxBias, h, b1)) {
-      h = at::linear(x2, w1, b1);
-      a = at::gelu(h, "tanh");
-    }
+      const at::Tensor& b2,
+      bool skip_output) {
+    auto [a, h] = hidden_of(x, w1, b1);
     ctx->save_for_backward({x, w1, b1, w2, b2, a, h});
-    auto sizes = x.sizes().vec();
-    sizes.back() = w2.size(0);
-    return at::linear(a, w2, b2).view(sizes);
+    if (skip_output) {
+      // GeluMlpOptions::skip_output_in_recompute: backward reads a and h,
+      // never the output, whose values nothing reads.
+      return at::empty(output_sizes(x, w2), x.options());
+    }
+    return at::linear(a, w2, b2).view(output_sizes(x, w2));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -70,7 +92,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor& a = saved[5];
     const at::Tensor& h = saved[6];
     const at::Tensor& dy = grads[0];
-    variable_list out(5);
+    variable_list out(6); // the last for skip_output
     if (!dy.defined()) {
       return out;
     }
@@ -137,6 +159,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     for (size_t j = 0; j < which.size(); ++j) {
       out[which[j]] = g[j];
     }
+    out.emplace_back(); // skip_output
     return out;
   }
 };
@@ -151,16 +174,14 @@ bool gelu_mlp_cuda_applies(
     const at::Tensor& proj_bias) {
   const std::vector<const at::Tensor*> all{
       &input, &fc_weight, &fc_bias, &proj_weight, &proj_bias};
-  bool wants_grad = false;
   for (const auto* t : all) {
     if (!t->defined() || !t->is_cuda() || t->device() != input.device()) {
       return false;
     }
-    wants_grad = wants_grad || t->requires_grad();
   }
-  if (!wants_grad || !at::GradMode::is_enabled() || input.dim() < 2 ||
-      !input.is_contiguous() || input.numel() == 0 || fc_weight.dim() != 2 ||
-      fc_bias.dim() != 1 || proj_weight.dim() != 2 || proj_bias.dim() != 1) {
+  if (input.dim() < 2 || !input.is_contiguous() || input.numel() == 0 ||
+      fc_weight.dim() != 2 || fc_bias.dim() != 1 || proj_weight.dim() != 2 ||
+      proj_bias.dim() != 1) {
     return false;
   }
   const int64_t c = fc_weight.size(1);
@@ -195,7 +216,8 @@ at::Tensor gelu_mlp_cuda(
     const at::Tensor& fc_weight,
     const at::Tensor& fc_bias,
     const at::Tensor& proj_weight,
-    const at::Tensor& proj_bias) {
+    const at::Tensor& proj_bias,
+    bool skip_output) {
   at::Tensor x = input, w1 = fc_weight, b1 = fc_bias, w2 = proj_weight,
              b2 = proj_bias;
   // Autocast's policy for linear (lower_precision_fp), as linear_cuda's.
@@ -209,8 +231,20 @@ at::Tensor gelu_mlp_cuda(
   }
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(
       c10::autocast_dispatch_keyset);
-  return GeluMlpFunction::apply(
-      x, w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous());
+  w1 = w1.contiguous();
+  b1 = b1.contiguous();
+  w2 = w2.contiguous();
+  b2 = b2.contiguous();
+  const bool wants_grad = at::GradMode::is_enabled() &&
+      (x.requires_grad() || w1.requires_grad() || b1.requires_grad() ||
+       w2.requires_grad() || b2.requires_grad());
+  if (!wants_grad) {
+    // An evaluation, or a checkpoint's forward call: the training
+    // forward's GEMMs and epilogue (the same values), nothing saved.
+    const auto a = hidden_of(x, w1, b1).first;
+    return at::linear(a, w2, b2).view(output_sizes(x, w2));
+  }
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2, skip_output);
 }
 
 } // namespace lamp::nn::detail

@@ -188,6 +188,31 @@ TEST(ActivationCheckpoint, WithoutGradModeJustRuns) {
   EXPECT_FALSE(y.requires_grad());
 }
 
+// is_recomputing(): false in the forward call and outside, true in the
+// recompute only, and false again after it, also when fn throws there.
+TEST(ActivationCheckpoint, IsRecomputingOnlyInTheRecompute) {
+  std::vector<bool> seen;
+  bool throw_in_recompute = false;
+  auto fn = [&](const torch::Tensor& t) {
+    seen.push_back(lamp::is_recomputing());
+    if (throw_in_recompute && lamp::is_recomputing()) {
+      TORCH_CHECK(false, "recompute failed");
+    }
+    return t * t;
+  };
+  auto x = torch::randn({3}, torch::requires_grad());
+  EXPECT_FALSE(lamp::is_recomputing());
+  auto y = lamp::checkpoint(fn, x);
+  EXPECT_FALSE(lamp::is_recomputing());
+  y.sum().backward();
+  EXPECT_EQ(seen, (std::vector<bool>{false, true}));
+  EXPECT_FALSE(lamp::is_recomputing());
+  throw_in_recompute = true;
+  y = lamp::checkpoint(fn, x);
+  lamp::test::expect_error([&] { y.sum().backward(); }, "recompute failed");
+  EXPECT_FALSE(lamp::is_recomputing());
+}
+
 TEST(ActivationCheckpoint, NoInputRequiringGradIsAValueError) {
   auto w = torch::randn({3}, torch::requires_grad());
   lamp::test::expect_error_of<c10::ValueError>(

@@ -3,8 +3,10 @@
 // backward; the module overload. On a GPU: cuBLASLt's GELU epilogues as
 // accurate as the three ops (against a float64 reference of the same
 // operands), the same every run, the three ops where they do not apply,
-// a second derivative, and inside GraphedStep.
+// a second derivative, and inside GraphedStep; without gradients the
+// training forward's values; the output skipped in a checkpoint's recompute.
 
+#include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
 #include <lamp/cuda_graph.h>
 #include <lamp/nn/gelu_mlp.h>
@@ -198,8 +200,7 @@ TEST_F(GeluMlpGpu, EpiloguesAreAsAccurateAsTheThreeOps) {
 }
 
 // Where the epilogues do not apply, gelu_mlp is the three ops bit for bit:
-// a width not a multiple of 8, fp32, float64 under autocast, no gradients
-// wanted.
+// a width not a multiple of 8, fp32, float64 under autocast.
 TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
   const torch::Device cuda(torch::kCUDA);
   expect_equal(
@@ -220,14 +221,81 @@ TEST_F(GeluMlpGpu, ElsewhereTheThreeOps) {
     EXPECT_TRUE(
         torch::equal(lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
   }
-  torch::NoGradGuard no_grad;
-  const auto x = torch::randn({8, 32}, cuda).to(torch::kBFloat16);
-  const auto w1 = torch::randn({64, 32}, cuda).to(torch::kBFloat16);
-  const auto b1 = torch::randn({64}, cuda).to(torch::kBFloat16);
-  const auto w2 = torch::randn({32, 64}, cuda).to(torch::kBFloat16);
-  const auto b2 = torch::randn({32}, cuda).to(torch::kBFloat16);
-  EXPECT_TRUE(
-      torch::equal(lamps(x, w1, b1, w2, b2), three_ops(x, w1, b1, w2, b2)));
+}
+
+// Without gradients (an evaluation, a checkpoint's forward call) the same
+// GEMMs and epilogue as with them: the training forward's values bit for
+// bit, under no_grad and with no operand requiring a gradient alike.
+TEST_F(GeluMlpGpu, WithoutGradientsTheTrainingForwardsValues) {
+  const torch::Device cuda(torch::kCUDA);
+  torch::manual_seed(6);
+  auto t = [&](std::vector<int64_t> s, double scale) {
+    return (torch::randn(s, cuda) * scale).requires_grad_();
+  };
+  const auto x = t({4, 64, 128}, 1.0), w1 = t({512, 128}, 0.1),
+             b1 = t({512}, 0.1), w2 = t({128, 512}, 0.05), b2 = t({128}, 0.1);
+  lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+  const auto training = lamps(x, w1, b1, w2, b2);
+  ASSERT_TRUE(training.requires_grad());
+  torch::Tensor no_grad, no_operand;
+  {
+    torch::NoGradGuard guard;
+    no_grad = lamps(x, w1, b1, w2, b2);
+  }
+  no_operand =
+      lamps(x.detach(), w1.detach(), b1.detach(), w2.detach(), b2.detach());
+  EXPECT_FALSE(no_operand.requires_grad());
+  EXPECT_TRUE(torch::equal(no_grad, training.detach()));
+  EXPECT_TRUE(torch::equal(no_operand, training.detach()));
+  // ... and not the three ops' (which round GELU's input first): the
+  // epilogue did run.
+  torch::NoGradGuard guard;
+  EXPECT_FALSE(torch::equal(no_grad, three_ops(x, w1, b1, w2, b2)));
+}
+
+// GeluMlpOptions::skip_output_in_recompute: a checkpointed MLP whose output
+// is the checkpoint's output gets the same gradients, bit for bit, with
+// the second GEMM left out of the recompute; the forward call's output is
+// computed as ever.
+TEST_F(GeluMlpGpu, SkippedOutputInTheRecomputeSameGradients) {
+  const torch::Device cuda(torch::kCUDA);
+  torch::manual_seed(8);
+  const auto x0 = torch::randn({4, 64, 128}, cuda);
+  const auto g = torch::randn({4, 64, 128}, cuda);
+  auto run = [&](bool skip) {
+    torch::manual_seed(9);
+    lamp::nn::Linear fc(128, 512), proj(512, 128);
+    fc->to(cuda);
+    proj->to(cuda);
+    const auto x = x0.clone().requires_grad_();
+    const auto options =
+        lamp::nn::GeluMlpOptions().skip_output_in_recompute(skip);
+    bool recomputed = false;
+    torch::Tensor y;
+    {
+      lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+      y = lamp::checkpoint(
+          [&](const torch::Tensor& in) {
+            recomputed = recomputed || lamp::is_recomputing();
+            return lamp::nn::gelu_mlp(in, fc, proj, options);
+          },
+          x);
+    }
+    y.backward(g.to(y.scalar_type()));
+    EXPECT_TRUE(recomputed);
+    return std::vector<torch::Tensor>{
+        y.detach(),
+        x.grad(),
+        fc->weight.grad(),
+        fc->bias.grad(),
+        proj->weight.grad(),
+        proj->bias.grad()};
+  };
+  const auto computed = run(false);
+  const auto skipped = run(true);
+  for (size_t i = 0; i < computed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(skipped[i], computed[i])) << i;
+  }
 }
 
 // A gradient penalty differentiates the backward pass: the three ops'

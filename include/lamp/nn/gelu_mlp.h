@@ -3,9 +3,27 @@
 #include <lamp/export.h>
 #include <lamp/nn/linear.h>
 
+#include <torch/arg.h>
 #include <torch/types.h>
 
 namespace lamp::nn {
+
+/// Options of gelu_mlp.
+struct LAMP_API GeluMlpOptions {
+  /// In a lamp::checkpoint recompute (lamp::is_recomputing()), where the
+  /// GELU epilogues apply (below): skip the second GEMM and return an
+  /// uninitialised tensor of the output's shape and type, whose gradient
+  /// still reaches the input and all four parameters as before (that
+  /// backward pass reads the saved hidden activations, not the output).
+  /// Right only when the output is one of the checkpointed function's
+  /// outputs and nothing inside the function reads it or saves it: the
+  /// recompute's backward pass then needs it as a root only, as a GPT
+  /// block's MLP output returned for the next block's residual add
+  /// (examples/gpt_amp/gpt.h). Saves a quarter of a block's forward
+  /// GEMMs in the recompute. Default false; elsewhere it changes nothing.
+  /// Python has no twin (torch.utils.checkpoint recomputes everything).
+  TORCH_ARG(bool, skip_output_in_recompute) = false;
+};
 
 /// A transformer's MLP, `linear(gelu(linear(x, fc_weight, fc_bias),
 /// "tanh"), proj_weight, proj_bias)`: Python's
@@ -29,8 +47,11 @@ namespace lamp::nn {
 /// on the CPU; on a GPU within a rounding of the GELU's values, whose tanh
 /// is the hardware's faster form and whose derivative is computed without
 /// ATen's cancellation (an FP8 byte one step apart now and then).
-/// Otherwise (CPU, fp32 or float64, no gradients, widths not a multiple of
-/// 8, double backward) it is the three ops.
+/// Without gradients (no grad mode, or no operand requiring one) the same
+/// GEMMs with the same epilogue, so an evaluation's (or a checkpoint's
+/// forward call's) values are the training forward's bit for bit.
+/// Otherwise (CPU, fp32 or float64, widths not a multiple of 8, double
+/// backward) it is the three ops.
 ///
 /// Example:
 /// \code
@@ -43,7 +64,8 @@ LAMP_API torch::Tensor gelu_mlp(
     const torch::Tensor& fc_weight,
     const torch::Tensor& fc_bias,
     const torch::Tensor& proj_weight,
-    const torch::Tensor& proj_bias);
+    const torch::Tensor& proj_bias,
+    const GeluMlpOptions& options = {});
 
 /// `gelu_mlp` with two `lamp::nn::Linear` layers (both with a bias). In an
 /// FP8 scope (lamp/fp8.h) with each layer's scaling as its forward would
@@ -59,6 +81,7 @@ LAMP_API torch::Tensor gelu_mlp(
 LAMP_API torch::Tensor gelu_mlp(
     const torch::Tensor& input,
     Linear& fc,
-    Linear& proj);
+    Linear& proj,
+    const GeluMlpOptions& options = {});
 
 } // namespace lamp::nn
