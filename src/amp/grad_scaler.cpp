@@ -35,9 +35,14 @@ namespace {
 
 constexpr int64_t kLampStateVersion = 1;
 
-// `t` on `device`, copied only when it lives elsewhere (non-blocking).
+// `t` on `device`, copied only when it lives elsewhere: non-blocking, but
+// not into the CPU, whose kernels read the copy at once (a non-blocking
+// copy out of a GPU lands in pinned memory later; under load the CPU
+// unscaled by a stale scale: GradScalerStepGpu, with other tests running).
 torch::Tensor on(const torch::Tensor& t, c10::Device device) {
-  return t.device() == device ? t : t.to(device, t.scalar_type(), true);
+  return t.device() == device
+      ? t
+      : t.to(device, t.scalar_type(), /*non_blocking=*/!device.is_cpu());
 }
 
 // The devices' inf/NaN flags added up on the scale's device (what a fused

@@ -86,7 +86,9 @@ std::optional<torch::Tensor> on(
   if (!t || t->device() == device) {
     return t;
   }
-  return t->to(device, t->scalar_type(), /*non_blocking=*/true);
+  // NOTE: blocking into the CPU, whose fused kernels read it at once (a
+  // non-blocking copy out of a GPU lands later; grad_scaler.cpp's `on`).
+  return t->to(device, t->scalar_type(), /*non_blocking=*/!device.is_cpu());
 }
 
 // One Adam/AdamW step over every group, as Python's _fused_adam.
