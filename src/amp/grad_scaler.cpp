@@ -35,15 +35,7 @@ namespace {
 
 constexpr int64_t kLampStateVersion = 1;
 
-// `t` on `device`, copied only when it lives elsewhere: non-blocking, but
-// not into the CPU, whose kernels read the copy at once (a non-blocking
-// copy out of a GPU lands in pinned memory later; under load the CPU
-// unscaled by a stale scale: GradScalerStepGpu, with other tests running).
-torch::Tensor on(const torch::Tensor& t, c10::Device device) {
-  return t.device() == device
-      ? t
-      : t.to(device, t.scalar_type(), /*non_blocking=*/!device.is_cpu());
-}
+using detail::on_device;
 
 // The devices' inf/NaN flags added up on the scale's device (what a fused
 // optimizer's step takes as found_inf); nullopt when none was recorded.
@@ -52,7 +44,7 @@ std::optional<torch::Tensor> total_found_inf(
     const torch::Tensor& scale) {
   torch::Tensor found_inf;
   for (const auto& [device, t] : per_device) {
-    const auto moved = on(t, scale.device());
+    const auto moved = on_device(t, scale.device());
     found_inf = found_inf.defined() ? found_inf + moved : moved;
   }
   return found_inf.defined() ? std::optional(found_inf) : std::nullopt;
@@ -146,7 +138,7 @@ torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   if (!scale_.defined()) {
     lazy_init_scale_growth_tracker(outputs.device());
   }
-  return outputs * on(scale_, outputs.device());
+  return outputs * on_device(scale_, outputs.device());
 }
 
 std::vector<torch::Tensor> GradScaler::scale(
@@ -162,7 +154,7 @@ std::vector<torch::Tensor> GradScaler::scale(
       lazy_init_scale_growth_tracker(output.device());
     }
     scaled.push_back(output * replica(scales, output.device(), [&] {
-                       return on(scale_, output.device());
+                       return on_device(scale_, output.device());
                      }));
   }
   return scaled;
@@ -215,8 +207,9 @@ GradScaler::PerDevice GradScaler::unscale_grads_(
     auto& found_inf = replica(found_inf_per_device, group.device, [&] {
       return at::zeros({}, inv_scale.options().device(group.device));
     });
-    const auto& inv = replica(
-        inv_scales, group.device, [&] { return on(inv_scale, group.device); });
+    const auto& inv = replica(inv_scales, group.device, [&] {
+      return on_device(inv_scale, group.device);
+    });
     if (inv_scale.is_same(ones_)) {
       // Only the check (the fused optimizer unscales): a read-only kernel
       // where it can, ATen's unscale by 1 for what it leaves.
@@ -389,7 +382,7 @@ void GradScaler::update(std::optional<double> new_scale) {
     std::vector<torch::Tensor> found_infs;
     for (const auto& state : per_optimizer_states_) {
       for (const auto& [device, t] : state.found_inf_per_device) {
-        found_infs.push_back(on(t, scale_.device()));
+        found_infs.push_back(on_device(t, scale_.device()));
       }
     }
     TORCH_CHECK(

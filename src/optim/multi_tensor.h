@@ -1,7 +1,8 @@
 #pragma once
 
 // Internal: how lamp hands tensor lists to ATen's multi-tensor CUDA kernels
-// (_fused_adam_, _fused_sgd_, _amp_foreach_non_finite_check_and_unscale_).
+// (_fused_adam_, _fused_sgd_, _amp_foreach_non_finite_check_and_unscale_),
+// and the scale and found_inf those kernels read, on their device.
 
 #include <lamp/config.h>
 
@@ -19,6 +20,17 @@
 #include <vector>
 
 namespace lamp::detail {
+
+/// `t` on `device` for a kernel there (GradScaler's scale, a step's
+/// found_inf), copied only when it lives elsewhere: non-blocking, but not
+/// into the CPU, whose kernels read the copy at once (a non-blocking copy
+/// out of a GPU lands in pinned memory later; under load the CPU unscaled
+/// by a stale scale: GradScalerStepGpu, with other tests running).
+inline at::Tensor on_device(const at::Tensor& t, c10::Device device) {
+  return t.device() == device
+      ? t
+      : t.to(device, t.scalar_type(), /*non_blocking=*/!device.is_cpu());
+}
 
 /// True while the current CUDA stream is capturing a CUDA graph.
 inline bool capturing() {

@@ -83,12 +83,10 @@ Bucket& bucket_for(std::vector<Bucket>& buckets, const torch::Tensor& param) {
 std::optional<torch::Tensor> on(
     const std::optional<torch::Tensor>& t,
     c10::Device device) {
-  if (!t || t->device() == device) {
+  if (!t) {
     return t;
   }
-  // NOTE: blocking into the CPU, whose fused kernels read it at once (a
-  // non-blocking copy out of a GPU lands later; grad_scaler.cpp's `on`).
-  return t->to(device, t->scalar_type(), /*non_blocking=*/!device.is_cpu());
+  return lamp::detail::on_device(*t, device);
 }
 
 // One Adam/AdamW step over every group, as Python's _fused_adam.
