@@ -213,7 +213,10 @@ struct GptImpl : torch::nn::Module {
               auto [h, y] = block->forward(in[0], in[1]);
               return std::vector<torch::Tensor>{h, y};
             },
-            {x, pending});
+            {x, pending},
+            // Attention's output and statistics kept from the forward
+            // call: the recompute skips attention's forward kernel.
+            lamp::CheckpointOptions().keep_attention(true));
         // [end snippet]
         x = out[0];
         pending = out[1];

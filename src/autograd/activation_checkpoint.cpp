@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "../nn/fp8_scope.h"
+#include "checkpoint_stash.h"
 #include "rng_state.h"
 
 namespace lamp {
@@ -51,6 +53,12 @@ struct CheckpointState : torch::CustomClassHolder {
   // The FP8 scope (lamp/fp8.h) of the forward call.
   bool fp8 = false;
   Fp8Recipe fp8_recipe;
+  // CheckpointOptions::keep_attention's tensors.
+  detail::CheckpointStash stash;
+
+  detail::CheckpointStash* stash_if_kept() {
+    return options.keep_attention() ? &stash : nullptr;
+  }
 
   // The caller's input list from the defined inputs.
   std::vector<torch::Tensor> full(const variable_list& inputs) const {
@@ -92,7 +100,11 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     state->fp8 = Fp8AutocastGuard::is_enabled();
     state->fp8_recipe = Fp8AutocastGuard::recipe();
     ctx->save_for_backward(inputs);
-    auto outputs = state->fn(state->full(inputs));
+    std::vector<torch::Tensor> outputs;
+    {
+      const detail::StashScope kept(state->stash_if_kept());
+      outputs = state->fn(state->full(inputs));
+    }
     for (const auto& y : outputs) {
       TORCH_CHECK_VALUE(
           y.defined(),
@@ -114,6 +126,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
         "does not read; call backward() without `inputs`");
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
+    // Read before the recompute's own backward pass, a graph task of its own.
+    const bool keep_graph = torch::autograd::get_current_graph_task_keep_graph();
     const auto saved = ctx->get_saved_variables();
     variable_list inputs;
     inputs.reserve(saved.size());
@@ -148,6 +162,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
         recomputing = true;
         try {
           torch::AutoGradMode grad(true);
+          state->stash.next = 0; // a second backward reads them again
+          const detail::StashScope kept(state->stash_if_kept());
           outputs = state->fn(state->full(inputs));
         } catch (...) {
           recomputing = was_recomputing;
@@ -181,6 +197,9 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     }
     if (!with_grad.empty()) {
       torch::autograd::backward(with_grad, grads);
+    }
+    if (!keep_graph) {
+      state->stash.kept.clear(); // as the saved inputs are freed
     }
 
     variable_list result;
@@ -227,6 +246,15 @@ std::vector<torch::Tensor> checkpoint(
   // ArrayRef as inputs, but a std::vector as one opaque argument.
   return CheckpointNode::apply(std::move(state), at::TensorList(defined));
 }
+
+namespace detail {
+
+CheckpointStash*& checkpoint_stash() {
+  thread_local CheckpointStash* stash = nullptr;
+  return stash;
+}
+
+} // namespace detail
 
 bool is_recomputing() {
   return nn::detail::fp8_recomputing();

@@ -8,6 +8,7 @@
 #include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
 #include <lamp/cuda_graph.h>
+#include <lamp/nn/qkv_attention.h>
 #include <lamp/optim.h>
 
 #include <c10/util/intrusive_ptr.h>
@@ -211,6 +212,33 @@ TEST(ActivationCheckpoint, IsRecomputingOnlyInTheRecompute) {
   y = lamp::checkpoint(fn, x);
   lamp::test::expect_error([&] { y.sum().backward(); }, "recompute failed");
   EXPECT_FALSE(lamp::is_recomputing());
+}
+
+// keep_attention keeps only what qkv_attention's cuDNN path computes: on
+// the CPU (ATen's attention) it changes nothing, nor does a second
+// backward pass through the same graph.
+TEST(ActivationCheckpoint, KeepAttentionOnTheCpuChangesNothing) {
+  torch::manual_seed(5);
+  const auto x0 = torch::randn({2, 8, 24});
+  auto run = [&](bool keep) {
+    torch::manual_seed(6);
+    const auto w = torch::randn({8, 8}, torch::requires_grad());
+    const auto x = x0.clone().requires_grad_();
+    const auto y = lamp::checkpoint(
+        [&](const torch::Tensor& in) {
+          return lamp::nn::qkv_attention(in, 2).matmul(w);
+        },
+        x,
+        lamp::CheckpointOptions().keep_attention(keep));
+    y.sum().backward({}, /*retain_graph=*/true);
+    y.sum().backward();
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const auto plain = run(false);
+  const auto kept = run(true);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_TRUE(torch::equal(kept[i], plain[i])) << i;
+  }
 }
 
 TEST(ActivationCheckpoint, NoInputRequiringGradIsAValueError) {

@@ -6,6 +6,7 @@
 // against float32 attention of the same inputs, under autocast, captured
 // in a CUDA graph, and the cases that take ATen's path (and say why).
 
+#include <lamp/activation_checkpoint.h>
 #include <lamp/autocast.h>
 #include <lamp/config.h>
 #include <lamp/nn/diagnostics.h>
@@ -29,6 +30,7 @@
 
 #if LAMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -272,6 +274,81 @@ TEST_F(QkvAttentionGpu, OtherCasesRunAtensAttentionAndSayWhy) {
   const auto y = lamp::nn::qkv_attention(half, 2, true, 0.5);
   check(y, {}, "dropout_p > 0");
   EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 16, 64}));
+}
+
+// CheckpointOptions::keep_attention: the recompute takes each attention
+// call's output and statistics from the forward call, in order, instead of
+// running the forward graph again; outputs and gradients are those of a
+// checkpoint that recomputes everything, bit for bit. A kept output changed
+// in place since is computed afresh; a second backward pass through a kept
+// graph reads them again; once the backward pass is done they are freed.
+TEST_F(QkvAttentionGpu, ACheckpointKeepsItsOutputForTheRecompute) {
+  torch::manual_seed(11);
+  const auto x0 =
+      torch::randn({2, 128, 256}, torch::kCUDA).to(torch::kBFloat16);
+  const auto gy =
+      torch::randn({2, 128, 256}, torch::kCUDA).to(torch::kBFloat16);
+  const auto allocated = [] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(0)
+        .allocated_bytes[0]
+        .current;
+  };
+  struct Run {
+    std::vector<torch::Tensor> values; // y, x.grad, w.grad
+    int64_t kept = -1; // attention calls that read the forward call's
+    int64_t left = -1; // bytes still allocated after the backward pass
+  };
+  // touch: the forward call changes its first attention output in place
+  // (by a no-op, so both calls still compute the same values).
+  auto run = [&](bool keep, bool touch, int passes) {
+    torch::manual_seed(12);
+    const auto w = (torch::randn({768, 256}, torch::kCUDA) * 0.05)
+                       .to(torch::kBFloat16)
+                       .requires_grad_();
+    const auto x = x0.clone().requires_grad_();
+    const auto start = allocated();
+    const auto y = lamp::checkpoint(
+        [&](const torch::Tensor& in) {
+          // Two calls: the recompute reads them back in order.
+          auto a = lamp::nn::qkv_attention(torch::matmul(in, w.t()), 4);
+          if (touch && !lamp::is_recomputing()) {
+            a.mul_(1);
+          }
+          return lamp::nn::qkv_attention(torch::matmul(a, w.t()), 4);
+        },
+        x,
+        lamp::CheckpointOptions().keep_attention(keep));
+    EXPECT_EQ(lamp::nn::detail::qkv_attention_fallback_reason(), "");
+    Run r;
+    const int64_t before = lamp::nn::detail::qkv_attention_kept_count();
+    for (int i = 0; i < passes; ++i) {
+      y.backward(gy, /*retain_graph=*/i + 1 < passes);
+    }
+    r.kept = lamp::nn::detail::qkv_attention_kept_count() - before;
+    r.values = {y.detach(), x.grad(), w.grad()};
+    r.left = allocated() - start;
+    return r;
+  };
+  run(false, false, 1); // cuBLAS's and cuDNN's workspaces, once a process
+  const auto recomputed = run(false, false, 1);
+  EXPECT_EQ(recomputed.kept, 0);
+  for (const bool touch : {false, true}) {
+    SCOPED_TRACE(touch ? "changed in place" : "kept");
+    const auto kept = run(true, touch, 1);
+    EXPECT_EQ(kept.kept, touch ? 1 : 2);
+    EXPECT_EQ(kept.left, recomputed.left);
+    for (size_t i = 0; i < kept.values.size(); ++i) {
+      EXPECT_TRUE(torch::equal(kept.values[i], recomputed.values[i])) << i;
+    }
+  }
+  // Two backward passes: each reads the kept tensors; gradients accumulate.
+  const auto twice = run(true, false, 2);
+  const auto twice_recomputed = run(false, false, 2);
+  EXPECT_EQ(twice.kept, 4);
+  for (size_t i = 0; i < twice.values.size(); ++i) {
+    EXPECT_TRUE(torch::equal(twice.values[i], twice_recomputed.values[i]))
+        << i;
+  }
 }
 
 TEST_F(QkvAttentionGpu, NoDoubleBackwardOnTheCudnnPath) {

@@ -56,4 +56,10 @@ LAMP_API std::string qkv_attention_fallback_reason();
 /// `qkv_attention` calls in this process that ran lamp's cuDNN graphs.
 LAMP_API int64_t qkv_attention_cudnn_count();
 
+/// `qkv_attention` calls in a checkpoint's recompute, in this process,
+/// that took their output and statistics from the forward call
+/// (CheckpointOptions::keep_attention) instead of running the forward
+/// graph again.
+LAMP_API int64_t qkv_attention_kept_count();
+
 } // namespace lamp::nn::detail
