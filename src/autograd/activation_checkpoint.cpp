@@ -127,7 +127,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
     // Read before the recompute's own backward pass, a graph task of its own.
-    const bool keep_graph = torch::autograd::get_current_graph_task_keep_graph();
+    const bool keep_graph =
+        torch::autograd::get_current_graph_task_keep_graph();
     const auto saved = ctx->get_saved_variables();
     variable_list inputs;
     inputs.reserve(saved.size());

@@ -346,8 +346,7 @@ TEST_F(QkvAttentionGpu, ACheckpointKeepsItsOutputForTheRecompute) {
   const auto twice_recomputed = run(false, false, 2);
   EXPECT_EQ(twice.kept, 4);
   for (size_t i = 0; i < twice.values.size(); ++i) {
-    EXPECT_TRUE(torch::equal(twice.values[i], twice_recomputed.values[i]))
-        << i;
+    EXPECT_TRUE(torch::equal(twice.values[i], twice_recomputed.values[i])) << i;
   }
 }
 
