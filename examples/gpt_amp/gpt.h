@@ -75,13 +75,15 @@ struct AttentionImpl : torch::nn::Module {
     resid_dropout =
         register_module("resid_dropout", torch::nn::Dropout(c.dropout));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
+  /// Without c_proj's bias where `skip_bias` (the block adds it: see
+  /// BlockImpl::skips_biases).
+  torch::Tensor forward(const torch::Tensor& x, bool skip_bias = false) {
     // Python: split c_attn's output into q, k and v, their heads, and
     // F.scaled_dot_product_attention(q, k, v, is_causal=True); here with
     // the gradients of q, k and v written into one tensor on a GPU.
     auto y = lamp::nn::qkv_attention(
         c_attn(x), n_head, /*is_causal=*/true, is_training() ? dropout : 0.0);
-    return resid_dropout(c_proj(y));
+    return skip_bias ? c_proj->forward_skip_bias(y) : resid_dropout(c_proj(y));
   }
   int64_t n_head;
   double dropout;
@@ -97,17 +99,20 @@ struct MlpImpl : torch::nn::Module {
         register_module("c_proj", lamp::nn::Linear(4 * c.n_embd, c.n_embd));
     dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
+  torch::Tensor forward(const torch::Tensor& x, bool skip_bias = false) {
     // c_proj(gelu(c_fc(x), "tanh")), the GELU in the GEMMs' epilogues on a
     // GPU (lamp/nn/gelu_mlp.h). Its output is the block's `pending`, which
     // the next block adds: a checkpoint's recompute needs it as a root
     // only, and skips c_proj's GEMM (a quarter of the block's forward
     // GEMMs). Dropout keeps its mask, not its input.
-    return dropout(lamp::nn::gelu_mlp(
+    auto y = lamp::nn::gelu_mlp(
         x,
         c_fc,
         c_proj,
-        lamp::nn::GeluMlpOptions().skip_output_in_recompute(true)));
+        lamp::nn::GeluMlpOptions()
+            .skip_output_in_recompute(true)
+            .skip_proj_bias(skip_bias));
+    return skip_bias ? y : dropout(y);
   }
   lamp::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
@@ -123,22 +128,50 @@ struct BlockImpl : torch::nn::Module {
         "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     mlp = register_module("mlp", Mlp(c));
   }
+  /// Whether the projections leave their biases to the residual adds
+  /// (lamp::nn::bias_add_layer_norm, which sums their gradients in the
+  /// LayerNorm backward's pass): on a GPU without dropout (dropout applies
+  /// to the biased output). On the CPU the layers add them, as Python's.
+  bool skips_biases(const torch::Tensor& h) const {
+    return h.is_cuda() && (attn->dropout == 0.0 || !is_training());
+  }
+
+  /// The bias of this block's `pending` output where skips_biases(h),
+  /// else undefined.
+  torch::Tensor pending_bias(const torch::Tensor& h) const {
+    return skips_biases(h) ? mlp->c_proj->bias : torch::Tensor();
+  }
+
   /// `h` is the residual stream and `pending` the previous block's MLP
-  /// output, not yet added to it (undefined before the first block): each
+  /// output, not yet added to it (undefined before the first block), with
+  /// its bias `pending_bias` where the previous block left it out: each
   /// add runs in one kernel with the LayerNorm after it
   /// (lamp::nn::add_layer_norm). Returns the stream and this block's MLP
-  /// output, pending likewise.
+  /// output, pending likewise (its bias: pending_bias(h)).
   // [snippet gpt-block]
   std::pair<torch::Tensor, torch::Tensor> forward(
       const torch::Tensor& h,
-      const torch::Tensor& pending) {
-    auto [h1, y1] =
-        lamp::nn::add_layer_norm(h, pending, ln_1->weight, ln_1->bias);
-    auto a = attn(y1);
-    auto [h2, y2] = lamp::nn::add_layer_norm(h1, a, ln_2->weight, ln_2->bias);
-    return {h2, mlp(y2)};
+      const torch::Tensor& pending,
+      const torch::Tensor& pending_bias = {}) {
+    auto [h1, y1] = add_norm(h, pending, pending_bias, ln_1);
+    const bool skip = skips_biases(h);
+    auto a = attn->forward(y1, skip);
+    auto [h2, y2] =
+        add_norm(h1, a, skip ? attn->c_proj->bias : torch::Tensor(), ln_2);
+    return {h2, mlp->forward(y2, skip)};
   }
   // [end snippet]
+
+  /// x + (r + r_bias) and the LayerNorm after it; without r_bias x + r.
+  static std::pair<torch::Tensor, torch::Tensor> add_norm(
+      const torch::Tensor& x,
+      const torch::Tensor& r,
+      const torch::Tensor& r_bias,
+      const torch::nn::LayerNorm& ln) {
+    return r_bias.defined()
+        ? lamp::nn::bias_add_layer_norm(x, r, r_bias, ln->weight, ln->bias)
+        : lamp::nn::add_layer_norm(x, r, ln->weight, ln->bias);
+  }
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
@@ -194,7 +227,7 @@ struct GptImpl : torch::nn::Module {
     // NOTE: lamp's embedding adds its gradient into the tied head's
     // (lamp::nn::embedding), where wte(idx) would make a second dense one.
     auto x = drop(lamp::nn::embedding(idx, wte->weight) + wpe(pos));
-    torch::Tensor pending;
+    torch::Tensor pending, pending_bias;
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto& block = blocks[i];
       if (is_training() && static_cast<int64_t>(i) < recompute_blocks) {
@@ -210,10 +243,13 @@ struct GptImpl : torch::nn::Module {
                   !lamp::Fp8AutocastGuard::is_enabled()) {
                 cast.emplace(*block, in[0].device().type());
               }
-              auto [h, y] = block->forward(in[0], in[1]);
+              auto [h, y] = block->forward(in[0], in[1], in[2]);
               return std::vector<torch::Tensor>{h, y};
             },
-            {x, pending},
+            // NOTE: the previous block's bias as an input, not captured:
+            // inside the step's CastWeightsGuard it is a cast whose
+            // gradient must flow back through the step's graph.
+            {x, pending, pending_bias},
             // Attention's output and statistics kept from the forward
             // call: the recompute skips attention's forward kernel.
             lamp::CheckpointOptions().keep_attention(true));
@@ -221,11 +257,11 @@ struct GptImpl : torch::nn::Module {
         x = out[0];
         pending = out[1];
       } else {
-        std::tie(x, pending) = block->forward(x, pending);
+        std::tie(x, pending) = block->forward(x, pending, pending_bias);
       }
+      pending_bias = block->pending_bias(x);
     }
-    return lamp::nn::add_layer_norm(x, pending, ln_f->weight, ln_f->bias)
-        .second;
+    return BlockImpl::add_norm(x, pending, pending_bias, ln_f).second;
   }
 
   /// The mean cross-entropy of predicting `targets` [B, T], without the

@@ -44,20 +44,25 @@ class AddLayerNormFunction
       AutogradContext* ctx,
       const at::Tensor& x,
       const std::optional<at::Tensor>& maybe_residual,
+      const std::optional<at::Tensor>& maybe_residual_bias,
       const at::Tensor& weight,
       const std::optional<at::Tensor>& maybe_bias,
       double eps,
       at::ScalarType y_dtype) {
     ctx->set_materialize_grads(false);
     const at::Tensor residual = maybe_residual.value_or(at::Tensor());
+    const at::Tensor residual_bias = maybe_residual_bias.value_or(at::Tensor());
     const at::Tensor bias = maybe_bias.value_or(at::Tensor());
-    auto out =
-        detail::cuda_add_norm_forward(x, residual, weight, bias, eps, y_dtype);
+    auto out = detail::cuda_add_norm_forward(
+        x, residual, residual_bias, weight, bias, eps, y_dtype);
     const bool has_residual = residual.defined();
     ctx->save_for_backward(
         {has_residual ? out.sum : x, weight, out.mean, out.rstd});
     ctx->saved_data["has_residual"] = has_residual;
     ctx->saved_data["has_bias"] = bias.defined();
+    if (residual_bias.defined()) {
+      ctx->saved_data["residual_bias_dtype"] = residual_bias.scalar_type();
+    }
     if (has_residual) {
       ctx->saved_data["residual_dtype"] = residual.scalar_type();
       return {out.sum, out.y};
@@ -75,11 +80,16 @@ class AddLayerNormFunction
     const at::Tensor dsum = has_residual ? grads[0] : at::Tensor();
     const at::Tensor dy = has_residual ? grads[1] : grads[0];
     if (!dy.defined() && !dsum.defined()) {
-      return variable_list(6);
+      return variable_list(7);
     }
-    std::optional<at::ScalarType> residual_dtype;
+    std::optional<at::ScalarType> residual_dtype, residual_bias_dtype;
     if (has_residual) {
       residual_dtype = ctx->saved_data["residual_dtype"].toScalarType();
+    }
+    if (ctx->saved_data.count("residual_bias_dtype") != 0 &&
+        ctx->needs_input_grad(2)) {
+      residual_bias_dtype =
+          ctx->saved_data["residual_bias_dtype"].toScalarType();
     }
     auto g = detail::cuda_add_norm_backward(
         saved[0],
@@ -89,17 +99,17 @@ class AddLayerNormFunction
         dy,
         dsum,
         residual_dtype,
-        ctx->saved_data["has_bias"].toBool());
-    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+        ctx->saved_data["has_bias"].toBool(),
+        residual_bias_dtype);
+    return {g[0], g[1], g[4], g[2], g[3], at::Tensor(), at::Tensor()};
   }
 };
 #endif
 
-} // namespace
-
-std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm_impl(
     const torch::Tensor& x,
     const torch::Tensor& residual,
+    const torch::Tensor& residual_bias,
     const torch::Tensor& weight,
     const torch::Tensor& bias,
     double eps) {
@@ -123,14 +133,19 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
   const auto y_dtype =
       autocast ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
 #if LAMP_WITH_CUDA
-  if (detail::add_norm_supported(x, residual, weight, bias, y_dtype)) {
+  if (detail::add_norm_supported(
+          x, residual, residual_bias, weight, bias, y_dtype)) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(
         c10::autocast_dispatch_keyset);
+    auto optional = [](const at::Tensor& t) {
+      return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+    };
     auto out = AddLayerNormFunction::apply(
         x,
-        residual.defined() ? std::optional<at::Tensor>(residual) : std::nullopt,
+        optional(residual),
+        optional(residual_bias),
         weight,
-        bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+        optional(bias),
         eps,
         y_dtype);
     if (residual.defined()) {
@@ -140,11 +155,47 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
   }
 #endif
   // ATen's ops: what Python runs (under autocast the LayerNorm in fp32, then
-  // the cast that the next GEMM would make).
-  const auto sum = residual.defined() ? x + residual : x;
+  // the cast that the next GEMM would make); a residual bias added to the
+  // residual in fp32, then to x, as the kernel adds them.
+  const auto sum = residual_bias.defined()
+      ? (x + (residual.to(at::kFloat) + residual_bias.to(at::kFloat)))
+            .to(at::result_type(x, residual))
+      : residual.defined() ? x + residual
+                           : x;
   const auto y =
       at::layer_norm(sum, {x.size(-1)}, weight, bias, eps).to(y_dtype);
   return {sum, y};
+}
+
+} // namespace
+
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias,
+    double eps) {
+  return add_layer_norm_impl(x, residual, torch::Tensor(), weight, bias, eps);
+}
+
+std::pair<torch::Tensor, torch::Tensor> bias_add_layer_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& residual_bias,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias,
+    double eps) {
+  TORCH_CHECK_VALUE(
+      x.defined() && x.dim() >= 1 && residual.defined() &&
+          residual_bias.defined() && residual_bias.dim() == 1 &&
+          residual_bias.size(0) == x.size(-1),
+      "lamp::nn::bias_add_layer_norm: expected a residual like x (..., C) "
+      "and its bias (C); got residual ",
+      residual.defined() ? residual.sizes() : c10::IntArrayRef{},
+      ", residual_bias ",
+      residual_bias.defined() ? residual_bias.sizes() : c10::IntArrayRef{},
+      " (without a residual bias, call add_layer_norm)");
+  return add_layer_norm_impl(x, residual, residual_bias, weight, bias, eps);
 }
 
 } // namespace lamp::nn

@@ -28,6 +28,7 @@ NormFormat format_of(at::ScalarType t) {
 bool add_norm_supported(
     const at::Tensor& x,
     const at::Tensor& residual,
+    const at::Tensor& residual_bias,
     const at::Tensor& weight,
     const at::Tensor& bias,
     at::ScalarType y_dtype) {
@@ -43,6 +44,13 @@ bool add_norm_supported(
   if (!fp32_vector(weight) || (bias.defined() && !fp32_vector(bias))) {
     return false;
   }
+  if (residual_bias.defined() &&
+      (!residual.defined() || residual_bias.device() != x.device() ||
+       residual_bias.dim() != 1 || residual_bias.size(0) != x.size(-1) ||
+       !residual_bias.is_contiguous() ||
+       format_of(residual_bias.scalar_type()) == NormFormat::kNone)) {
+    return false;
+  }
   return !residual.defined() ||
       (residual.device() == x.device() && residual.sizes() == x.sizes() &&
        residual.is_contiguous() &&
@@ -52,6 +60,7 @@ bool add_norm_supported(
 AddNormOutputs cuda_add_norm_forward(
     const at::Tensor& x,
     const at::Tensor& residual,
+    const at::Tensor& residual_bias,
     const at::Tensor& weight,
     const at::Tensor& bias,
     double eps,
@@ -79,6 +88,10 @@ AddNormOutputs cuda_add_norm_forward(
     a.r = r.const_data_ptr();
     a.r_format = format_of(r.scalar_type());
     a.sum = out.sum.mutable_data_ptr<float>();
+    if (residual_bias.defined()) {
+      a.r_bias = residual_bias.const_data_ptr();
+      a.r_bias_format = format_of(residual_bias.scalar_type());
+    }
   }
   a.weight = weight.const_data_ptr<float>();
   a.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
@@ -99,7 +112,8 @@ std::vector<at::Tensor> cuda_add_norm_backward(
     const at::Tensor& dy_in,
     const at::Tensor& dsum_in,
     std::optional<at::ScalarType> residual_dtype,
-    bool want_bias) {
+    bool want_bias,
+    std::optional<at::ScalarType> residual_bias_dtype) {
   const c10::cuda::CUDAGuard guard(sum.device());
   const int64_t columns = sum.size(-1);
   const int64_t rows = sum.numel() / columns;
@@ -119,8 +133,16 @@ std::vector<at::Tensor> cuda_add_norm_backward(
   }
   auto dweight = at::empty_like(weight);
   auto dbias = want_bias ? at::empty_like(weight) : at::Tensor();
+  // The residual bias's gradient, dr's column sums: in the kernel where it
+  // writes dr, else summed from dr below.
+  const bool dr_bias_in_kernel = residual_bias_dtype && dr_in_kernel;
+  at::Tensor dr_bias;
+  if (dr_bias_in_kernel) {
+    dr_bias = at::empty({columns}, sum.options().dtype(*residual_bias_dtype));
+  }
   auto partials = at::empty(
-      {add_norm_backward_partials(rows, static_cast<int>(columns))},
+      {add_norm_backward_partials(
+          rows, static_cast<int>(columns), dr_bias_in_kernel)},
       sum.options());
   AddNormBackward a;
   a.rows = rows;
@@ -137,6 +159,10 @@ std::vector<at::Tensor> cuda_add_norm_backward(
     a.dr = dr.data_ptr();
     a.dr_format = format_of(dr.scalar_type());
   }
+  if (dr_bias_in_kernel) {
+    a.dr_bias = dr_bias.data_ptr();
+    a.dr_bias_format = format_of(dr_bias.scalar_type());
+  }
   a.dweight = dweight.mutable_data_ptr<float>();
   a.dbias = want_bias ? dbias.mutable_data_ptr<float>() : nullptr;
   a.partials = partials.mutable_data_ptr<float>();
@@ -145,7 +171,12 @@ std::vector<at::Tensor> cuda_add_norm_backward(
   if (residual_dtype && !dr_in_kernel) {
     dr = dx.to(*residual_dtype);
   }
-  return {dx, dr, dweight, dbias};
+  if (residual_bias_dtype && !dr_bias_in_kernel) {
+    dr_bias = dr.reshape({-1, columns})
+                  .sum(0, /*keepdim=*/false, at::kFloat)
+                  .to(*residual_bias_dtype);
+  }
+  return {dx, dr, dweight, dbias, dr_bias};
 }
 
 } // namespace lamp::nn::detail

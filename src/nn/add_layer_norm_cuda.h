@@ -11,10 +11,12 @@ namespace lamp::nn::detail {
 
 /// Whether the kernels take these: CUDA, x and weight (and bias) float32
 /// and contiguous, C <= kMaxNormColumns, residual (if any) fp32/fp16/bf16
-/// contiguous of x's shape, `y_dtype` fp32/fp16/bf16.
+/// contiguous of x's shape, residual_bias (if any) fp32/fp16/bf16
+/// contiguous (C), `y_dtype` fp32/fp16/bf16.
 bool add_norm_supported(
     const at::Tensor& x,
     const at::Tensor& residual,
+    const at::Tensor& residual_bias,
     const at::Tensor& weight,
     const at::Tensor& bias,
     at::ScalarType y_dtype);
@@ -27,12 +29,15 @@ struct AddNormOutputs {
 AddNormOutputs cuda_add_norm_forward(
     const at::Tensor& x,
     const at::Tensor& residual,
+    const at::Tensor& residual_bias,
     const at::Tensor& weight,
     const at::Tensor& bias,
     double eps,
     at::ScalarType y_dtype);
 
-/// {dx, dresidual (residual_dtype; undefined if none), dweight, dbias}.
+/// {dx, dresidual (residual_dtype; undefined if none), dweight, dbias,
+/// dresidual_bias (residual_bias_dtype: dresidual's column sums; undefined
+/// if none)}.
 std::vector<at::Tensor> cuda_add_norm_backward(
     const at::Tensor& sum,
     const at::Tensor& weight,
@@ -41,6 +46,7 @@ std::vector<at::Tensor> cuda_add_norm_backward(
     const at::Tensor& dy,
     const at::Tensor& dsum,
     std::optional<at::ScalarType> residual_dtype,
-    bool want_bias);
+    bool want_bias,
+    std::optional<at::ScalarType> residual_bias_dtype);
 
 } // namespace lamp::nn::detail

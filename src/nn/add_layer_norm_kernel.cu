@@ -100,6 +100,51 @@ __device__ __forceinline__ void add_pack(float* p, const float* v) {
   }
 }
 
+// V values at p + c in format f (a bias: any of the three types), as
+// floats. NOTE: a switch on a format that is the same for the whole grid.
+template <int V>
+__device__ __forceinline__ void load_pack_as(
+    const void* p,
+    NormFormat f,
+    int c,
+    float* out) {
+  switch (f) {
+    case NormFormat::kFloat:
+      load_pack<V>(static_cast<const float*>(p) + c, out);
+      break;
+    case NormFormat::kHalf:
+      load_pack<V>(static_cast<const __half*>(p) + c, out);
+      break;
+    default:
+      load_pack<V>(static_cast<const __nv_bfloat16*>(p) + c, out);
+      break;
+  }
+}
+
+__device__ __forceinline__ void store_as(
+    void* p,
+    NormFormat f,
+    int c,
+    float v) {
+  switch (f) {
+    case NormFormat::kFloat:
+      static_cast<float*>(p)[c] = v;
+      break;
+    case NormFormat::kHalf:
+      static_cast<__half*>(p)[c] = from_float<__half>(v);
+      break;
+    default:
+      static_cast<__nv_bfloat16*>(p)[c] = from_float<__nv_bfloat16>(v);
+      break;
+  }
+}
+
+// The column sums the backward keeps: the weight's and bias's gradients,
+// and with dr_bias the residual bias's.
+__host__ __device__ inline int backward_sums(const AddNormBackward& a) {
+  return a.dr_bias != nullptr ? 3 : 2;
+}
+
 // Row kernels: lane `lane` holds packs k = 0, 1, ... of V columns starting
 // at (lane + 32 k) V, kPer / V of them (kPer floats); packs past the row's
 // end hold zeros. V = 4 needs columns % 4 == 0 and aligned rows.
@@ -142,6 +187,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       if (c < a.columns) {
         load_pack<V>(r + c, rv + k * V);
+        if (a.r_bias != nullptr) {
+          float rb[V];
+          load_pack_as<V>(a.r_bias, a.r_bias_format, c, rb);
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            rv[k * V + e] += rb[e];
+          }
+        }
       }
     }
 #pragma unroll
@@ -204,7 +257,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // It also adds the row's dy * xhat and dy to the lane's columns' sums (the
 // weight's and bias's gradients): kRegisters, in dw[i] and db[i] (i as
 // g's); kShared, in the warp's dw[c] and db[c] in shared memory (c the
-// column).
+// column); and with dr_bias, dr's values as stored to the warp's drs[c] in
+// shared memory (either way: no registers to spare).
 enum class Sums { kRegisters, kShared };
 
 template <int kPer, int V, typename DY, Sums kSums>
@@ -213,7 +267,8 @@ __device__ __forceinline__ void dx_row(
     int64_t row,
     int lane,
     float* dw,
-    float* db) {
+    float* db,
+    float* drs) {
   constexpr int kPacks = kPer / V;
   const int64_t base = row * a.columns;
   const DY* dy = static_cast<const DY*>(a.dy) + base;
@@ -318,6 +373,14 @@ __device__ __forceinline__ void dx_row(
       store_pack<V>(a.dx + base + c, d + k * V);
       if (dr != nullptr) {
         store_pack<V>(dr + c, d + k * V);
+        if (a.dr_bias != nullptr) {
+          float rounded[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            rounded[e] = to_float(from_float<DY>(d[k * V + e]));
+          }
+          add_pack<V>(drs + c, rounded);
+        }
       }
     }
   }
@@ -327,9 +390,9 @@ __device__ __forceinline__ void dx_row(
 // (rows of at most kMaxRegisterSumColumns): block b takes `warp_rows` rows a
 // warp, rows b kWarps warp_rows + kWarps i + warp; each lane keeps its
 // columns' sums in registers over its rows, the block adds its warps' in
-// warp order and writes them to partials[b][0, C) (weight) and [C, 2C)
-// (bias); add_norm_partials_kernel adds the blocks' rows in order
-// (deterministic).
+// warp order and writes them to partials[b][0, C) (weight), [C, 2C)
+// (bias) and [2C, 3C) (residual bias, with dr_bias);
+// add_norm_partials_kernel adds the blocks' rows in order (deterministic).
 // NOTE: the sums had a kernel of their own (an earlier version of this one
 // ran 256 blocks over all rows: a sixth of the memory's speed), which read
 // dy and the sum a second time (6 of the backward's 22 bytes an element):
@@ -339,7 +402,9 @@ __device__ __forceinline__ void dx_row(
 template <int kPer, int V, typename DY>
 __global__ void __launch_bounds__(kWarps * 32)
     add_norm_dx_dweight_kernel(AddNormBackward a, int warp_rows) {
-  __shared__ float sums[kWarps][2 * kPer * 32];
+  // [weight | bias | residual bias] a warp, kPer * 32 floats each; the
+  // residual bias's filled in the rows' loop, the others after it.
+  __shared__ __align__(16) float sums[kWarps][3 * kPer * 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float dw[kPer], db[kPer];
 #pragma unroll
@@ -347,13 +412,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     dw[i] = 0.f;
     db[i] = 0.f;
   }
+  float* drs = sums[warp] + 2 * kPer * 32;
+  if (a.dr_bias != nullptr) {
+    for (int c = lane; c < kPer * 32; c += 32) {
+      drs[c] = 0.f;
+    }
+    __syncwarp();
+  }
   const int64_t first = int64_t{blockIdx.x} * kWarps * warp_rows + warp;
   for (int i = 0; i < warp_rows; ++i) {
     const int64_t row = first + int64_t{kWarps} * i;
     if (row >= a.rows) {
       break;
     }
-    dx_row<kPer, V, DY, Sums::kRegisters>(a, row, lane, dw, db);
+    dx_row<kPer, V, DY, Sums::kRegisters>(a, row, lane, dw, db, drs);
   }
 #pragma unroll
   for (int k = 0; k < kPer / V; ++k) {
@@ -365,9 +437,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   __syncthreads();
-  float* out = a.partials + int64_t{blockIdx.x} * 2 * a.columns;
-  for (int j = threadIdx.x; j < 2 * a.columns; j += kWarps * 32) {
-    const int c = j < a.columns ? j : kPer * 32 + (j - a.columns);
+  const int n = backward_sums(a);
+  float* out = a.partials + int64_t{blockIdx.x} * n * a.columns;
+  for (int j = threadIdx.x; j < n * a.columns; j += kWarps * 32) {
+    const int c = (j / a.columns) * kPer * 32 + j % a.columns;
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
@@ -378,17 +451,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // add_norm_dx_dweight_kernel for wider rows (up to kMaxNormColumns): the
-// sums in shared memory, a row of 2 C floats a warp, kWideWarps warps a
-// block (rows b kWideWarps warp_rows + kWideWarps i + warp). NOTE: in
-// registers they would spill (152 a thread at 1,600 columns without them).
+// sums in shared memory (dynamic: backward_sums(a) C floats a warp),
+// kWideWarps warps a block (rows b kWideWarps warp_rows + kWideWarps i +
+// warp). NOTE: in registers they would spill (152 a thread at 1,600
+// columns without them).
 template <int kPer, int V, typename DY>
 __global__ void __launch_bounds__(kWideWarps * 32)
     add_norm_dx_dweight_wide_kernel(AddNormBackward a, int warp_rows) {
-  __shared__ float sums[kWideWarps][2 * kMaxNormColumns];
+  extern __shared__ __align__(16) float wide_sums[];
+  const int n = backward_sums(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* dw = sums[warp];
-  float* db = sums[warp] + a.columns;
-  for (int j = lane; j < 2 * a.columns; j += 32) {
+  float* dw = wide_sums + warp * n * a.columns;
+  float* db = dw + a.columns;
+  float* drs = db + a.columns;
+  for (int j = lane; j < n * a.columns; j += 32) {
     dw[j] = 0.f;
   }
   __syncwarp();
@@ -398,44 +474,55 @@ __global__ void __launch_bounds__(kWideWarps * 32)
     if (row >= a.rows) {
       break;
     }
-    dx_row<kPer, V, DY, Sums::kShared>(a, row, lane, dw, db);
+    dx_row<kPer, V, DY, Sums::kShared>(a, row, lane, dw, db, drs);
     // NOTE: a lane's shared sums are its own columns: no other lane
     // reads them before the block's barrier.
   }
   __syncthreads();
-  float* out = a.partials + int64_t{blockIdx.x} * 2 * a.columns;
-  for (int j = threadIdx.x; j < 2 * a.columns; j += kWideWarps * 32) {
+  float* out = a.partials + int64_t{blockIdx.x} * n * a.columns;
+  for (int j = threadIdx.x; j < n * a.columns; j += kWideWarps * 32) {
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kWideWarps; ++w) {
-      total += sums[w][j];
+      total += wide_sums[w * n * a.columns + j];
     }
     out[j] = total;
   }
 }
 
-// Column sums of the blocks' partials: 32 columns a block, 8 threads down
-// each, combined in a fixed order (deterministic).
-__global__ void add_norm_partials_kernel(AddNormBackward a, int64_t parts) {
-  __shared__ float sums[8][33];
+// Column sums of the blocks' partials: 32 columns a block, kFoldSlices
+// threads down each, combined in a fixed order (deterministic).
+// NOTE: 32 slices, not 8: a thread's chain of dependent loads is parts / 32
+// long (512 blocks' partials at gpt2's 16,384 rows: 16 loads, not 64).
+constexpr int kFoldSlices = 32;
+
+__global__ void __launch_bounds__(32 * kFoldSlices)
+    add_norm_partials_kernel(AddNormBackward a, int64_t parts) {
+  __shared__ float sums[kFoldSlices][33];
+  const int n = backward_sums(a);
   const int j = blockIdx.x * 32 + threadIdx.x;
   float sum = 0.f;
-  if (j < 2 * a.columns) {
-    for (int64_t p = threadIdx.y; p < parts; p += 8) {
-      sum += a.partials[p * 2 * a.columns + j];
+  if (j < n * a.columns) {
+#pragma unroll 4
+    for (int64_t p = threadIdx.y; p < parts; p += kFoldSlices) {
+      sum += a.partials[p * n * a.columns + j];
     }
   }
   sums[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
-  if (threadIdx.y == 0 && j < 2 * a.columns) {
+  if (threadIdx.y == 0 && j < n * a.columns) {
     float total = 0.f;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < kFoldSlices; ++k) {
       total += sums[k][threadIdx.x];
     }
     if (j < a.columns) {
       a.dweight[j] = total;
-    } else if (a.dbias != nullptr) {
-      a.dbias[j - a.columns] = total;
+    } else if (j < 2 * a.columns) {
+      if (a.dbias != nullptr) {
+        a.dbias[j - a.columns] = total;
+      }
+    } else {
+      store_as(a.dr_bias, a.dr_bias_format, j - 2 * a.columns, total);
     }
   }
 }
@@ -498,8 +585,8 @@ bool aligned(std::initializer_list<const void*> pointers) {
 
 } // namespace
 
-int64_t add_norm_backward_partials(int64_t rows, int columns) {
-  return backward_blocks(rows, columns) * 2 * columns;
+int64_t add_norm_backward_partials(int64_t rows, int columns, bool bias_sums) {
+  return backward_blocks(rows, columns) * (bias_sums ? 3 : 2) * columns;
 }
 
 cudaError_t launch_add_norm_forward(
@@ -517,8 +604,11 @@ cudaError_t launch_add_norm_forward(
   // NOTE: the residual is fp32 or y's type (the caller casts others to
   // fp32): five pairs of types instead of nine.
   const bool r_float = a.r == nullptr || a.r_format == NormFormat::kFloat;
-  const bool vec =
-      a.columns % 4 == 0 && aligned({a.x, a.r, a.weight, a.bias, a.sum, a.y});
+  if (a.r_bias != nullptr && a.r == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const bool vec = a.columns % 4 == 0 &&
+      aligned({a.x, a.r, a.r_bias, a.weight, a.bias, a.sum, a.y});
   return with_type(a.y_format, [&](auto y) {
     using Y = typename decltype(y)::type;
     return with_per_lane(a.columns, [&](auto per) {
@@ -548,7 +638,8 @@ cudaError_t launch_add_norm_backward(
     return cudaSuccess;
   }
   if (a.columns <= 0 || a.columns > kMaxNormColumns ||
-      (a.dr != nullptr && a.dr_format != a.dy_format)) {
+      (a.dr != nullptr && a.dr_format != a.dy_format) ||
+      (a.dr_bias != nullptr && a.dr == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const bool vec = a.columns % 4 == 0 &&
@@ -570,12 +661,17 @@ cudaError_t launch_add_norm_backward(
           add_norm_dx_dweight_kernel<kPer, 1, DY>
               <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
         }
-      } else if (vec) {
-        add_norm_dx_dweight_wide_kernel<kPer, 4, DY>
-            <<<blocks, kWideWarps * 32, 0, stream>>>(a, warp_rows);
       } else {
-        add_norm_dx_dweight_wide_kernel<kPer, 1, DY>
-            <<<blocks, kWideWarps * 32, 0, stream>>>(a, warp_rows);
+        // At most 2 warps x 3 x 2,048 floats: 48 KiB, no opt-in needed.
+        const size_t shared = sizeof(float) * kWideWarps * backward_sums(a) *
+            static_cast<size_t>(a.columns);
+        if (vec) {
+          add_norm_dx_dweight_wide_kernel<kPer, 4, DY>
+              <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
+        } else {
+          add_norm_dx_dweight_wide_kernel<kPer, 1, DY>
+              <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
+        }
       }
       return cudaGetLastError();
     });
@@ -584,8 +680,8 @@ cudaError_t launch_add_norm_backward(
     return error;
   }
   add_norm_partials_kernel<<<
-      static_cast<unsigned>((2 * a.columns + 31) / 32),
-      dim3(32, 8),
+      static_cast<unsigned>((backward_sums(a) * a.columns + 31) / 32),
+      dim3(32, kFoldSlices),
       0,
       stream>>>(a, backward_blocks(a.rows, a.columns));
   return cudaGetLastError();

@@ -22,6 +22,9 @@ struct AddNormForward {
   const float* x = nullptr; // rows x columns
   const void* r = nullptr; // rows x columns in r_format, or null
   NormFormat r_format = NormFormat::kNone;
+  // Added to each row of r (columns, in r_bias_format), or null.
+  const void* r_bias = nullptr;
+  NormFormat r_bias_format = NormFormat::kNone;
   const float* weight = nullptr; // columns
   const float* bias = nullptr; // columns, or null
   float* sum = nullptr; // x + r, rows x columns (null when r is)
@@ -44,13 +47,17 @@ struct AddNormBackward {
   float* dx = nullptr; // rows x columns
   void* dr = nullptr; // in dr_format, or null
   NormFormat dr_format = NormFormat::kNone;
+  // dr's column sums (of its values as stored), the gradient of the
+  // forward's r_bias, in dr_bias_format; or null. Needs dr.
+  void* dr_bias = nullptr;
+  NormFormat dr_bias_format = NormFormat::kNone;
   float* dweight = nullptr; // columns
   float* dbias = nullptr; // columns, or null
-  float* partials = nullptr; // backward_partials(rows, columns) floats
+  float* partials = nullptr; // add_norm_backward_partials(...) floats
 };
 
-// Floats of scratch the backward needs.
-int64_t add_norm_backward_partials(int64_t rows, int columns);
+// Floats of scratch the backward needs (with dr_bias: `bias_sums`).
+int64_t add_norm_backward_partials(int64_t rows, int columns, bool bias_sums);
 
 cudaError_t launch_add_norm_forward(
     const AddNormForward& a,

@@ -19,8 +19,10 @@ torch::Tensor gelu_mlp(
     const torch::Tensor& fc_weight,
     const torch::Tensor& fc_bias,
     const torch::Tensor& proj_weight,
-    const torch::Tensor& proj_bias,
+    const torch::Tensor& proj_bias_in,
     const GeluMlpOptions& options) {
+  const torch::Tensor proj_bias =
+      options.skip_proj_bias() ? torch::Tensor() : proj_bias_in;
   if (Fp8AutocastGuard::is_enabled() &&
       detail::fp8_gelu_mlp_applies(input, fc_weight, proj_weight)) {
     // Current scaling (the functional form keeps no state).
@@ -52,7 +54,7 @@ torch::Tensor gelu_mlp(
     Linear& proj,
     const GeluMlpOptions& options) {
   TORCH_CHECK_VALUE(
-      fc->bias.defined() && proj->bias.defined(),
+      fc->bias.defined() && (proj->bias.defined() || options.skip_proj_bias()),
       "lamp::nn::gelu_mlp: both layers need a bias (LinearOptions::bias); "
       "without, call the layers and torch::gelu yourself");
   if (Fp8AutocastGuard::is_enabled()) {
@@ -65,11 +67,12 @@ torch::Tensor gelu_mlp(
           fc->weight,
           fc->bias,
           proj->weight,
-          proj->bias,
+          options.skip_proj_bias() ? torch::Tensor() : proj->bias,
           fc_state ? &*fc_state : nullptr,
           proj_state ? &*proj_state : nullptr);
     }
-    return proj(at::gelu(fc(input), "tanh"));
+    const auto a = at::gelu(fc(input), "tanh");
+    return options.skip_proj_bias() ? proj->forward_skip_bias(a) : proj(a);
   }
   return gelu_mlp(
       input, fc->weight, fc->bias, proj->weight, proj->bias, options);

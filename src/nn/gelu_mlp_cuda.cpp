@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -72,8 +73,11 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       const at::Tensor& w1,
       const at::Tensor& b1,
       const at::Tensor& w2,
-      const at::Tensor& b2,
+      // NOTE: optional, not undefined: apply() asks every tensor argument
+      // for its device. None: GeluMlpOptions::skip_proj_bias.
+      const std::optional<at::Tensor>& maybe_b2,
       bool skip_output) {
+    const at::Tensor b2 = maybe_b2.value_or(at::Tensor());
     auto [a, h] = hidden_of(x, w1, b1);
     ctx->save_for_backward({x, w1, b1, w2, b2, a, h});
     if (skip_output) {
@@ -100,7 +104,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       return double_backward(saved, dy);
     }
     const auto dy2 = dy.reshape({-1, w2.size(0)}).contiguous();
-    if (ctx->needs_input_grad(4)) {
+    if (saved[4].defined() && ctx->needs_input_grad(4)) {
       out[4] = bias_grad(dy2);
     }
     if (ctx->needs_input_grad(3)) {
@@ -140,7 +144,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     variable_list inputs;
     std::vector<size_t> which;
     for (size_t i = 0; i < 5; ++i) {
-      if (saved[i].requires_grad()) {
+      if (saved[i].defined() && saved[i].requires_grad()) {
         inputs.push_back(saved[i]);
         which.push_back(i);
       }
@@ -172,8 +176,12 @@ bool gelu_mlp_cuda_applies(
     const at::Tensor& fc_bias,
     const at::Tensor& proj_weight,
     const at::Tensor& proj_bias) {
-  const std::vector<const at::Tensor*> all{
-      &input, &fc_weight, &fc_bias, &proj_weight, &proj_bias};
+  // proj_bias may be undefined (GeluMlpOptions::skip_proj_bias).
+  std::vector<const at::Tensor*> all{
+      &input, &fc_weight, &fc_bias, &proj_weight};
+  if (proj_bias.defined()) {
+    all.push_back(&proj_bias);
+  }
   for (const auto* t : all) {
     if (!t->defined() || !t->is_cuda() || t->device() != input.device()) {
       return false;
@@ -181,14 +189,15 @@ bool gelu_mlp_cuda_applies(
   }
   if (input.dim() < 2 || !input.is_contiguous() || input.numel() == 0 ||
       fc_weight.dim() != 2 || fc_bias.dim() != 1 || proj_weight.dim() != 2 ||
-      proj_bias.dim() != 1) {
+      (proj_bias.defined() && proj_bias.dim() != 1)) {
     return false;
   }
   const int64_t c = fc_weight.size(1);
   const int64_t hidden = fc_weight.size(0);
   const int64_t out = proj_weight.size(0);
   if (input.size(-1) != c || fc_bias.size(0) != hidden ||
-      proj_weight.size(1) != hidden || proj_bias.size(0) != out || c % 8 != 0 ||
+      proj_weight.size(1) != hidden ||
+      (proj_bias.defined() && proj_bias.size(0) != out) || c % 8 != 0 ||
       hidden % 8 != 0 || out % 8 != 0) {
     return false;
   }
@@ -234,17 +243,25 @@ at::Tensor gelu_mlp_cuda(
   w1 = w1.contiguous();
   b1 = b1.contiguous();
   w2 = w2.contiguous();
-  b2 = b2.contiguous();
+  if (b2.defined()) {
+    b2 = b2.contiguous();
+  }
   const bool wants_grad = at::GradMode::is_enabled() &&
       (x.requires_grad() || w1.requires_grad() || b1.requires_grad() ||
-       w2.requires_grad() || b2.requires_grad());
+       w2.requires_grad() || (b2.defined() && b2.requires_grad()));
   if (!wants_grad) {
     // An evaluation, or a checkpoint's forward call: the training
     // forward's GEMMs and epilogue (the same values), nothing saved.
     const auto a = hidden_of(x, w1, b1).first;
     return at::linear(a, w2, b2).view(output_sizes(x, w2));
   }
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2, skip_output);
+  return GeluMlpFunction::apply(
+      x,
+      w1,
+      b1,
+      w2,
+      b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
+      skip_output);
 }
 
 } // namespace lamp::nn::detail

@@ -96,13 +96,29 @@ void LinearImpl::init_fp8_state(const Fp8Recipe& recipe) {
   fp8_scale = register_buffer("fp8_scale", torch::ones({3}, f32));
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
-  if (Fp8AutocastGuard::is_enabled() && detail::fp8_applies(input, weight)) {
-    if (const auto state = detail::fp8_layer_state(*this)) {
-      return detail::fp8_linear(input, weight, bias, &*state);
+namespace {
+
+torch::Tensor linear_with_state(
+    LinearImpl& layer,
+    const torch::Tensor& input,
+    const torch::Tensor& bias) {
+  if (Fp8AutocastGuard::is_enabled() &&
+      detail::fp8_applies(input, layer.weight)) {
+    if (const auto state = detail::fp8_layer_state(layer)) {
+      return detail::fp8_linear(input, layer.weight, bias, &*state);
     }
   }
-  return linear(input, weight, bias);
+  return linear(input, layer.weight, bias);
+}
+
+} // namespace
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& input) {
+  return linear_with_state(*this, input, bias);
+}
+
+torch::Tensor LinearImpl::forward_skip_bias(const torch::Tensor& input) {
+  return linear_with_state(*this, input, torch::Tensor());
 }
 
 namespace detail {

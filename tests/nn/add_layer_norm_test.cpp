@@ -210,6 +210,135 @@ TEST_F(AddLayerNormGpu, DeterministicWeightGradients) {
   EXPECT_TRUE(torch::equal(a.dx, b.dx));
 }
 
+// bias_add_layer_norm(x, r, rb, w, b) against ATen's x + (r + rb) in fp32
+// and layer_norm: values, and the gradients of all five (rb's: the column
+// sums of r's gradient, which lamp's kernel takes from r's gradient as
+// stored, rounded to r's dtype).
+void compare_biased(
+    torch::Device device,
+    int64_t columns,
+    torch::Dtype rdtype,
+    torch::Dtype rb_dtype,
+    bool autocast,
+    int64_t rows) {
+  SCOPED_TRACE(
+      "C " + std::to_string(columns) + " r " + c10::toString(rdtype) + " rb " +
+      c10::toString(rb_dtype) + (autocast ? " autocast" : "") + " rows " +
+      std::to_string(rows));
+  struct Out {
+    torch::Tensor sum, y, dx, dr, drb, dw, db;
+  };
+  auto once = [&](bool lamp_op) {
+    torch::manual_seed(12);
+    auto x = torch::randn({rows, columns}).to(device).requires_grad_();
+    auto r = (torch::randn({rows, columns}) * 0.5)
+                 .to(device, rdtype)
+                 .requires_grad_();
+    auto rb = torch::randn({columns}).to(device, rb_dtype).requires_grad_();
+    auto w = (torch::rand({columns}) + 0.5).to(device).requires_grad_();
+    auto b = torch::randn({columns}).to(device).requires_grad_();
+    auto gy = torch::randn({rows, columns}).to(device);
+    auto gs = torch::randn({rows, columns}).to(device);
+    torch::Tensor sum, y;
+    {
+      lamp::AutocastGuard guard(device.type(), torch::kBFloat16, autocast);
+      if (lamp_op) {
+        std::tie(sum, y) = lamp::nn::bias_add_layer_norm(x, r, rb, w, b);
+      } else {
+        sum = x + (r.to(torch::kFloat) + rb.to(torch::kFloat));
+        y = torch::layer_norm(sum, {columns}, w, b, 1e-5);
+        if (autocast) {
+          y = y.to(torch::kBFloat16);
+        }
+      }
+    }
+    ((y.to(torch::kFloat) * gy).sum() + (sum * gs).sum()).backward();
+    return Out{
+        sum.detach(),
+        y.detach(),
+        x.grad(),
+        r.grad(),
+        rb.grad(),
+        w.grad(),
+        b.grad()};
+  };
+  const auto a = once(true);
+  const auto e = once(false);
+  EXPECT_EQ(a.y.scalar_type(), e.y.scalar_type());
+  EXPECT_EQ(a.drb.scalar_type(), rb_dtype);
+  EXPECT_EQ(a.dr.scalar_type(), rdtype);
+  EXPECT_LE(rel_error(a.sum, e.sum), 1e-6);
+  EXPECT_LE(rel_error(a.y, e.y), autocast ? 1e-2 : 2e-5);
+  EXPECT_LE(rel_error(a.dx, e.dx), 2e-5);
+  EXPECT_LE(rel_error(a.dw, e.dw), 2e-5);
+  EXPECT_LE(rel_error(a.db, e.db), 2e-5);
+  const bool exact = rdtype == torch::kFloat && rb_dtype == torch::kFloat;
+  EXPECT_LE(rel_error(a.dr, e.dr), exact ? 2e-5 : 1e-2);
+  EXPECT_LE(rel_error(a.drb, e.drb), exact ? 2e-5 : 1e-2);
+}
+
+TEST(AddLayerNorm, ResidualBiasEqualsAtensOpsOnTheCpu) {
+  for (const bool autocast : {false, true}) {
+    compare_biased(torch::kCPU, 8, torch::kFloat, torch::kFloat, autocast, 6);
+    compare_biased(
+        torch::kCPU, 8, torch::kBFloat16, torch::kBFloat16, autocast, 6);
+  }
+}
+
+TEST(AddLayerNorm, ResidualBiasWithoutAResidualIsAClearError) {
+  const auto x = torch::randn({2, 8});
+  lamp::test::expect_error_of<c10::ValueError>(
+      [&] {
+        lamp::nn::bias_add_layer_norm(
+            x, {}, torch::zeros({8}), torch::ones({8}), {});
+      },
+      "expected a residual like x (..., C) and its bias (C); got residual "
+      "[], residual_bias [8]");
+}
+
+// GPT-2's widths in the register kernel (768, 1,024) and the wide one
+// (1,600), an odd one (one-element loads); a bf16 residual with a bf16 or
+// fp32 bias (the kernel's sums), an fp16 one under bf16 autocast (r's
+// gradient cast after the kernel, rb's summed by ATen); rows for several
+// blocks.
+TEST_F(AddLayerNormGpu, ResidualBiasKernelsEqualAtensOps) {
+  for (const int64_t columns : {768, 1024, 1600, 100}) {
+    for (const bool autocast : {true, false}) {
+      compare_biased(
+          torch::kCUDA,
+          columns,
+          torch::kBFloat16,
+          torch::kBFloat16,
+          autocast,
+          5000);
+      compare_biased(
+          torch::kCUDA, columns, torch::kBFloat16, torch::kFloat, autocast, 37);
+      compare_biased(
+          torch::kCUDA, columns, torch::kFloat, torch::kFloat, autocast, 111);
+    }
+  }
+  compare_biased(torch::kCUDA, 768, torch::kHalf, torch::kBFloat16, true, 111);
+}
+
+TEST_F(AddLayerNormGpu, ResidualBiasGradientIsDeterministic) {
+  auto once = [] {
+    torch::manual_seed(3);
+    const auto x = torch::randn({16384, 768}, torch::kCUDA).requires_grad_();
+    const auto r = torch::randn({16384, 768}, torch::kCUDA)
+                       .to(torch::kBFloat16)
+                       .requires_grad_();
+    const auto rb =
+        torch::randn({768}, torch::kCUDA).to(torch::kBFloat16).requires_grad_();
+    const auto w = torch::ones({768}, torch::kCUDA).requires_grad_();
+    const auto b = torch::zeros({768}, torch::kCUDA).requires_grad_();
+    lamp::AutocastGuard guard(torch::kCUDA, torch::kBFloat16);
+    auto [sum, y] = lamp::nn::bias_add_layer_norm(x, r, rb, w, b);
+    (y.to(torch::kFloat).square().sum() + sum.sum()).backward();
+    return rb.grad();
+  };
+  EXPECT_TRUE(torch::equal(once(), once()));
+}
+
 } // namespace
 
 } // namespace add_layer_norm_test

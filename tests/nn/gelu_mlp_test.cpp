@@ -129,7 +129,49 @@ TEST(GeluMlp, ModuleOverloadUsesTheLayersParameters) {
   }
 }
 
+// GeluMlpOptions::skip_proj_bias: the output without proj's bias (the
+// caller adds it), proj's bias unused; the other gradients as with it.
+void expect_skipped_bias_is_added_later(torch::Device device, torch::Dtype t) {
+  SCOPED_TRACE(device.str() + " " + c10::toString(t));
+  torch::manual_seed(4);
+  lamp::nn::Linear fc(64, 256), proj(256, 64);
+  fc->to(device, t);
+  proj->to(device, t);
+  const auto x = torch::randn({2, 8, 64}).to(device, t);
+  const auto gy = torch::randn({2, 8, 64}).to(device, t);
+  auto grads = [&](bool skip) {
+    for (auto* p : {&fc->weight, &fc->bias, &proj->weight, &proj->bias}) {
+      p->mutable_grad() = torch::Tensor();
+    }
+    auto y = lamp::nn::gelu_mlp(
+        x, fc, proj, lamp::nn::GeluMlpOptions().skip_proj_bias(skip));
+    if (skip) {
+      EXPECT_FALSE(proj->bias.grad().defined());
+      y = y + proj->bias;
+    }
+    y.backward(gy);
+    return std::vector<torch::Tensor>{
+        y.detach(), fc->weight.grad(), fc->bias.grad(), proj->weight.grad()};
+  };
+  const auto with = grads(false);
+  const auto skipped = grads(true);
+  const double tol = t == torch::kFloat ? 1e-5 : 2e-2;
+  for (size_t i = 0; i < with.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(
+        skipped[i].to(torch::kFloat), with[i].to(torch::kFloat), tol, tol))
+        << i;
+  }
+}
+
+TEST(GeluMlp, SkippedProjBiasIsTheCallersToAdd) {
+  expect_skipped_bias_is_added_later(torch::kCPU, torch::kFloat);
+}
+
 class GeluMlpGpu : public lamp::test::GpuTest {};
+
+TEST_F(GeluMlpGpu, SkippedProjBiasIsTheCallersToAdd) {
+  expect_skipped_bias_is_added_later(torch::kCUDA, torch::kBFloat16);
+}
 
 // Largest absolute difference from `exact` (float64), per tensor.
 std::vector<double> errors(const Result& r, const Result& exact) {

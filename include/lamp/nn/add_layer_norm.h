@@ -43,4 +43,38 @@ LAMP_API std::pair<torch::Tensor, torch::Tensor> add_layer_norm(
     const torch::Tensor& bias,
     double eps = 1e-5);
 
+/// `add_layer_norm` with the residual branch's bias added here: `sum = x +
+/// (residual + residual_bias)` (the inner add in float32), then `y =
+/// layer_norm(sum, ...)`, returned as `{sum, y}`. For a linear layer whose
+/// output is the residual, computed without its bias (`lamp::nn::linear(h,
+/// w)`, `gelu_mlp` with an undefined `proj_bias`), whose bias is then
+/// `residual_bias`. Python's twin: Megatron-LM's bias-dropout-add fusion
+/// (`bias_dropout_add`, dropout 0) before the LayerNorm.
+///
+/// Why: the bias's gradient is the column sum of the residual's gradient,
+/// which the backward's row kernel writes: it sums it in the same pass (a
+/// GPT block's attention and MLP projections' bias gradients, otherwise a
+/// reduction over the whole gradient each). Not Python's values bit for
+/// bit under autocast: there the GEMM adds the bias before rounding its
+/// output to bf16, here after (the sum's difference is one bf16 rounding
+/// of the residual's, as between cuBLAS's epilogue and a separate add).
+///
+/// `residual` is required (like x); `residual_bias` (C) fp32, fp16 or bf16;
+/// its gradient is in its dtype. Elsewhere ATen's ops compute the same
+/// (the CPU: bit for bit those above).
+///
+/// Example (a GPT block's attention, its projection's bias added here):
+/// \code
+///   auto a = lamp::nn::linear(attn, c_proj->weight);
+///   auto [h2, y2] = lamp::nn::bias_add_layer_norm(
+///       h, a, c_proj->bias, ln_2->weight, ln_2->bias);
+/// \endcode
+LAMP_API std::pair<torch::Tensor, torch::Tensor> bias_add_layer_norm(
+    const torch::Tensor& x,
+    const torch::Tensor& residual,
+    const torch::Tensor& residual_bias,
+    const torch::Tensor& weight,
+    const torch::Tensor& bias,
+    double eps = 1e-5);
+
 } // namespace lamp::nn

@@ -23,6 +23,12 @@ struct LAMP_API GeluMlpOptions {
   /// GEMMs in the recompute. Default false; elsewhere it changes nothing.
   /// Python has no twin (torch.utils.checkpoint recomputes everything).
   TORCH_ARG(bool, skip_output_in_recompute) = false;
+  /// Leave the second layer's bias out of the output, for the caller to add
+  /// (Megatron's skip_bias_add): a GPT block adds it with the residual in
+  /// lamp::nn::bias_add_layer_norm, which sums its gradient in the pass that
+  /// writes the output's. Default false. With the tensor overload, an
+  /// undefined `proj_bias` does the same.
+  TORCH_ARG(bool, skip_proj_bias) = false;
 };
 
 /// A transformer's MLP, `linear(gelu(linear(x, fc_weight, fc_bias),

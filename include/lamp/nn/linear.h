@@ -67,6 +67,11 @@ class LAMP_API LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   void pretty_print(std::ostream& stream) const override;
   /// `lamp::nn::linear(input, weight, bias)`.
   torch::Tensor forward(const torch::Tensor& input);
+  /// `forward` without the bias, for the caller to add (Megatron's
+  /// skip_bias_add), e.g. with the residual in
+  /// lamp::nn::bias_add_layer_norm; in an FP8 scope with this layer's
+  /// scaling state, as `forward`.
+  torch::Tensor forward_skip_bias(const torch::Tensor& input);
 
   /// The options it was built with.
   torch::nn::LinearOptions options;
