@@ -200,6 +200,13 @@ int run(
                               .betas({0.9, 0.95})
                               .eps(1e-8)
                               .weight_decay(opt.weight_decay)));
+  // The weights' 16-bit casts written by the step's kernel as it writes
+  // the weights, and taken by the step's CastWeightsGuard instead of a cast
+  // each step (lamp/optim.h). Not with FP8, whose layers cast the fp32
+  // weights themselves.
+  if (precision.amp && !precision.fp8) {
+    optimizer.keep_weight_casts(precision.dtype);
+  }
   lamp::GradScaler scaler(
       lamp::GradScalerOptions().enabled(precision.name == "fp16"));
   const auto schedule =

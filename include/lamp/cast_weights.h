@@ -32,6 +32,11 @@ namespace lamp {
 /// members that `forward` reads do, and the destructor puts them back, also
 /// when an exception unwinds through it.
 ///
+/// Where a fused optimizer keeps the weights' casts
+/// (`lamp::optim::FusedOptimizer::keep_weight_casts`), the guard takes its
+/// copy of each such parameter instead of casting it: the same bits, no
+/// cast kernel.
+///
 /// Make the guard inside an enabled `AutocastGuard` (it reads the device's
 /// autocast dtype; with autocast off it does nothing) and end it before the
 /// optimizer step, as in the example. Other modules' weights are cast by
@@ -70,6 +75,9 @@ class LAMP_API CastWeightsGuard {
 
   /// How many parameters the guard cast (0 when autocast is off).
   size_t size() const;
+  /// How many of them it took from an optimizer's kept copies instead of
+  /// casting (`lamp::optim::FusedOptimizer::keep_weight_casts`).
+  size_t kept() const;
 
  private:
   struct Impl;

@@ -10,9 +10,14 @@
 
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include <lamp/export.h>
+
+namespace lamp::detail {
+struct KeptCast; // src/amp/kept_casts.h
+} // namespace lamp::detail
 
 namespace lamp::optim {
 
@@ -104,7 +109,63 @@ class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
   /// (see `sync_device_lr`).
   std::optional<torch::Tensor> device_lr(size_t group, c10::Device device);
 
+  /// Keep a 16-bit copy (`dtype`: `torch::kBFloat16` or `torch::kHalf`) of
+  /// each fp32 parameter that a `lamp::CastWeightsGuard` casts to `dtype`,
+  /// written by every step as it writes the parameter, and let the guard
+  /// take the copy instead of casting. `torch::kFloat` (the default) keeps
+  /// none and frees the copies.
+  ///
+  /// Why: under autocast each step casts every weight to 16 bits again, a
+  /// read of 4 bytes and a write of 2 a parameter, right after the step
+  /// wrote the fp32 values (gpt2-xl: 3 ms of an H100 step, twice that with
+  /// activation checkpointing). `FusedAdam` and `FusedAdamW` write the copy
+  /// in their kernel for fp32 CUDA parameters (2 bytes more a parameter);
+  /// other steps and devices cast after the step (no gain, the same
+  /// values). The forward sees the same bits as with a cast, so training
+  /// is unchanged. A copy is made at a guard's first use (2 bytes a
+  /// parameter, kept) and used only while its parameter's version counter
+  /// and storage are what they were when it was written: an in-place
+  /// change (under `torch::NoGradGuard`), `set_data` or loading a
+  /// checkpoint makes the next guard cast it again; a change made through
+  /// `.data()` cannot be seen (its version counter is another tensor's):
+  /// call `keep_weight_casts` again after one. `lamp::GraphedStep` checks
+  /// the copies its graph reads before every replay.
+  ///
+  /// Example:
+  /// \code
+  ///   lamp::optim::FusedAdamW optimizer(model->parameters());
+  ///   optimizer.keep_weight_casts(torch::kBFloat16);
+  ///   {
+  ///     lamp::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+  ///     lamp::CastWeightsGuard cast(*model); // takes the copies
+  ///     loss = model->forward(x).mean();
+  ///   }
+  /// \endcode
+  void keep_weight_casts(c10::ScalarType dtype);
+  /// The dtype of the kept copies; `torch::kFloat` when none are kept.
+  c10::ScalarType kept_weight_casts() const {
+    return kept_dtype_;
+  }
+  /// Internal (GraphedStep): the kept copies that exist now, which a step
+  /// writes.
+  std::vector<std::shared_ptr<lamp::detail::KeptCast>> kept_casts_in_use()
+      const;
+  /// Internal (the steps): the kept copies of `params` for a step to write
+  /// (undefined where a parameter has none yet).
+  std::vector<torch::Tensor> kept_copies(
+      const std::vector<torch::Tensor>& params) const;
+  /// After a step wrote `params`: casts them into `copies` (from
+  /// kept_copies) unless `written` (the step's kernel wrote them), and
+  /// records the copies current. Call after the params' versions moved.
+  void finish_kept_copies(
+      const std::vector<torch::Tensor>& params,
+      const std::vector<torch::Tensor>& copies,
+      bool written);
+
  private:
+  // Entries for the fp32 parameters of every group (keep_weight_casts).
+  void update_kept_casts();
+
   struct DeviceLr {
     size_t group;
     c10::Device device;
@@ -113,6 +174,11 @@ class LAMP_API FusedOptimizer : public torch::optim::Optimizer {
   };
   bool device_lr_ = false;
   std::vector<DeviceLr> device_lrs_;
+  c10::ScalarType kept_dtype_ = c10::ScalarType::Float;
+  std::unordered_map<
+      const c10::TensorImpl*,
+      std::shared_ptr<lamp::detail::KeptCast>>
+      kept_;
 };
 
 /// Per-parameter state of `FusedAdam` and `FusedAdamW`: as

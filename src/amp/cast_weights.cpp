@@ -2,6 +2,8 @@
 
 #include <lamp/nn/linear.h>
 
+#include "kept_casts.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_foreach_copy.h>
@@ -43,6 +45,51 @@ std::vector<at::Tensor> cast_all(at::TensorList from, at::ScalarType dtype) {
   return to;
 }
 
+// The casts an optimizer keeps (FusedOptimizer::keep_weight_casts), one a
+// parameter, undefined where it keeps none. A struct, so that autograd's
+// apply() sees no tensor in it.
+struct Kept {
+  std::vector<at::Tensor> copies;
+  size_t count() const {
+    size_t n = 0;
+    for (const auto& c : copies) {
+      n += c.defined() ? 1 : 0;
+    }
+    return n;
+  }
+};
+
+// `params` cast to `dtype`: the kept copy where there is one, the rest cast
+// in one kernel.
+std::vector<at::Tensor> cast_or_take(
+    at::TensorList params,
+    at::ScalarType dtype,
+    const Kept& kept) {
+  if (kept.copies.empty()) {
+    return cast_all(params, dtype);
+  }
+  std::vector<at::Tensor> out(params.size());
+  std::vector<at::Tensor> rest;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (kept.copies[i].defined()) {
+      // NOTE: a new tensor on the copy's memory and version counter, so
+      // that autograd's history goes on it, not on the optimizer's copy,
+      // and a step that writes the copy while a graph still holds it shows
+      // in the saved tensor's version.
+      out[i] = kept.copies[i].detach();
+    } else {
+      rest.push_back(params[i]);
+      where.push_back(i);
+    }
+  }
+  auto cast = cast_all(rest, dtype);
+  for (size_t k = 0; k < where.size(); ++k) {
+    out[where[k]] = std::move(cast[k]);
+  }
+  return out;
+}
+
 // The parameters' casts as one autograd node: backward casts the gradients
 // back to fp32 together, as ToCopyBackward would one at a time.
 class CastAll : public torch::autograd::Function<CastAll> {
@@ -50,18 +97,20 @@ class CastAll : public torch::autograd::Function<CastAll> {
   static torch::autograd::variable_list forward(
       torch::autograd::AutogradContext* ctx,
       at::TensorList params,
-      at::ScalarType dtype) {
+      at::ScalarType dtype,
+      const Kept& kept) {
     // NOTE: an unused output's gradient stays undefined (not zeros), so its
     // parameter gets none, as under autocast's own casts.
     ctx->set_materialize_grads(false);
-    return cast_all(params, dtype);
+    return cast_or_take(params, dtype, kept);
   }
 
   static torch::autograd::variable_list backward(
       torch::autograd::AutogradContext* /*ctx*/,
       torch::autograd::variable_list grads) {
-    // One gradient a parameter, then none for the dtype argument.
-    torch::autograd::variable_list out(grads.size() + 1);
+    // One gradient a parameter, then none for the dtype and kept
+    // arguments.
+    torch::autograd::variable_list out(grads.size() + 2);
     if (at::GradMode::is_enabled()) {
       // NOTE: backward with create_graph=true: differentiable casts, so that
       // a double backward sees them.
@@ -129,6 +178,7 @@ struct CastWeightsGuard::Impl {
   };
   std::vector<Swap> swaps;
   size_t cast = 0;
+  size_t kept = 0; // of `cast`, taken from an optimizer's kept copies
 };
 
 CastWeightsGuard::CastWeightsGuard(
@@ -169,12 +219,16 @@ CastWeightsGuard::CastWeightsGuard(
   if (!tracked.empty()) {
     // NOTE: a TensorList, so that autograd sees each parameter as an input
     // (a std::vector argument would be opaque to it).
-    tracked_casts = CastAll::apply(at::TensorList(tracked), dtype);
+    Kept kept{detail::take_kept_casts(tracked, dtype)};
+    impl_->kept += kept.count();
+    tracked_casts = CastAll::apply(at::TensorList(tracked), dtype, kept);
   }
   std::vector<at::Tensor> untracked_casts;
   {
     const at::NoGradGuard no_grad;
-    untracked_casts = cast_all(untracked, dtype);
+    Kept kept{detail::take_kept_casts(untracked, dtype)};
+    impl_->kept += kept.count();
+    untracked_casts = cast_or_take(untracked, dtype, kept);
   }
   for (size_t i = 0; i < impl_->swaps.size(); ++i) {
     const auto [track, k] = place[i];
@@ -191,6 +245,10 @@ CastWeightsGuard::~CastWeightsGuard() {
 
 size_t CastWeightsGuard::size() const {
   return impl_->cast;
+}
+
+size_t CastWeightsGuard::kept() const {
+  return impl_->kept;
 }
 
 } // namespace lamp

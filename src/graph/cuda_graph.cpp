@@ -3,6 +3,7 @@
 #include <lamp/config.h>
 #include <lamp/optim.h>
 
+#include "../amp/kept_casts.h"
 #include "../dist/backend.h"
 #include "../optim/bump_versions.h"
 
@@ -74,6 +75,7 @@ struct GraphedStep::Impl {
 #endif
 
   std::vector<double> captured_hyperparameters; // of all optimizers, in order
+  detail::KeptCasts kept_casts; // keep_kept_casts()
   // The process groups whose collectives the graph holds. See Note
   // [Watching collectives] (src/dist/watchdog.h).
   std::vector<std::weak_ptr<dist::detail::Backend>> collectives;
@@ -107,6 +109,17 @@ struct GraphedStep::Impl {
   void sync_learning_rates() {
     for (auto* optimizer : optimizers) {
       static_cast<optim::FusedOptimizer*>(optimizer)->sync_device_lr();
+    }
+  }
+
+  // The kept weight casts that the captured step writes (and its forward
+  // reads): held, so that the memory the graph writes stays theirs.
+  void keep_kept_casts() {
+    kept_casts.clear();
+    for (auto* optimizer : optimizers) {
+      auto in_use =
+          static_cast<optim::FusedOptimizer*>(optimizer)->kept_casts_in_use();
+      kept_casts.insert(kept_casts.end(), in_use.begin(), in_use.end());
     }
   }
 
@@ -403,8 +416,13 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
   if (!impl.graph) {
     impl.record_hyperparameters();
     impl.capture();
+    impl.keep_kept_casts();
   } else {
     impl.check_hyperparameters();
+    // Weights changed since the last replay (a checkpoint loaded, an
+    // in-place edit): their kept 16-bit copies, which the graph reads, are
+    // written again first.
+    detail::refresh_kept_casts(impl.kept_casts);
   }
   ++impl.calls;
   impl.check_collectives();
@@ -417,6 +435,10 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
       detail::bump_versions(group.params());
     }
   }
+  // And it wrote their kept copies (the captured step's kernel did).
+  for (const auto& kept : impl.kept_casts) {
+    kept->mark_written();
+  }
 #endif
   return impl.loss;
 }
@@ -428,6 +450,7 @@ void GraphedStep::reset() {
     impl_->graph.reset();
   }
   impl_->collectives.clear();
+  impl_->kept_casts.clear();
 #endif
   impl_->loss = torch::Tensor();
 }

@@ -3,6 +3,9 @@
 #include <lamp/config.h>
 
 #include "bump_versions.h"
+#if LAMP_WITH_CUDA
+#include "fused_adam_cuda.h"
+#endif
 #include "multi_tensor.h"
 #include "unique_params.h"
 
@@ -186,14 +189,57 @@ void fused_adam_step(
         }
       };
       const auto lr = self.device_lr(g, bucket.device);
-      lamp::detail::launch_multi_tensor(lists, &steps, [&] {
-        if (lr) {
-          run(*lr);
-        } else {
-          run(options.lr());
-        }
-      });
-      lamp::detail::bump_versions(bucket.params);
+      // NOTE: before launch_multi_tensor, which may slice bucket.params.
+      const auto params = bucket.params;
+      const auto copies = self.kept_copies(params);
+      bool copies_written = false;
+#if LAMP_WITH_CUDA
+      // fp32 on a GPU: lamp's kernel, ATen's values in one grid (Note [One
+      // grid for Adam]), writing the kept weight casts as it goes. NOTE: not
+      // Adam (L2 decay) with a device learning rate, the one case where its
+      // bits once differed from ATen's (4e-9 in one element, H100, cause not
+      // found): ATen's kernel, then the casts.
+      if ((decoupled_weight_decay || !lr) &&
+          lamp::detail::adam_cuda_applies(
+              bucket.params,
+              bucket.grads,
+              bucket.a,
+              bucket.b,
+              bucket.steps,
+              options.amsgrad(),
+              lr,
+              scale,
+              inf)) {
+        lamp::detail::adam_cuda(
+            bucket.params,
+            copies,
+            bucket.grads,
+            bucket.a,
+            bucket.b,
+            bucket.steps,
+            lr,
+            options.lr(),
+            beta1,
+            beta2,
+            options.weight_decay(),
+            options.eps(),
+            decoupled_weight_decay,
+            scale,
+            inf);
+        copies_written = true;
+      } else
+#endif
+      {
+        lamp::detail::launch_multi_tensor(lists, &steps, [&] {
+          if (lr) {
+            run(*lr);
+          } else {
+            run(options.lr());
+          }
+        });
+      }
+      lamp::detail::bump_versions(params);
+      self.finish_kept_copies(params, copies, copies_written);
       if (inf) {
         // A skipped step does not count (Python does the same).
         // NOTE: the one-tensor overload reads a single list: 2 launches
@@ -237,6 +283,7 @@ void FusedOptimizer::add_param_group(const OptimizerParamGroup& param_group) {
   auto unique = lamp::detail::unique_param_groups(
       all, "lamp::optim::FusedOptimizer::add_param_group");
   torch::optim::Optimizer::add_param_group(unique.back());
+  update_kept_casts();
 }
 
 void FusedOptimizer::sync_device_lr() {
@@ -447,6 +494,9 @@ void FusedSGD::step_scaled(
             on(found_inf, bucket.device));
       };
       const auto lr = device_lr(g, bucket.device);
+      // NOTE: before launch_multi_tensor, which may slice bucket.params.
+      const auto copies = kept_copies(bucket.params);
+      const auto params = bucket.params;
       lamp::detail::launch_multi_tensor(lists, nullptr, [&] {
         if (lr) {
           run(*lr);
@@ -454,7 +504,8 @@ void FusedSGD::step_scaled(
           run(options.lr());
         }
       });
-      lamp::detail::bump_versions(bucket.params);
+      lamp::detail::bump_versions(params);
+      finish_kept_copies(params, copies, /*written=*/false);
     }
   }
 }
