@@ -82,9 +82,11 @@ void register_kept_casts(const KeptCasts& casts) {
   for (auto it = r.map.begin(); it != r.map.end();) {
     it = it->second.expired() ? r.map.erase(it) : std::next(it);
   }
+  // NOTE: all checked before any is added: a refused call registers none.
   for (const auto& e : casts) {
-    auto& slot = r.map[e->param.unsafeGetTensorImpl()];
-    const auto other = slot.lock();
+    const auto it = r.map.find(e->param.unsafeGetTensorImpl());
+    const auto other =
+        it == r.map.end() ? std::shared_ptr<KeptCast>() : it->second.lock();
     TORCH_CHECK(
         !other || other == e,
         "lamp::optim::FusedOptimizer::keep_weight_casts: a parameter of "
@@ -92,7 +94,9 @@ void register_kept_casts(const KeptCasts& casts) {
         e->param.sizes(),
         " already has its weight cast kept by another optimizer. Keep each "
         "parameter's cast in one optimizer.");
-    slot = e;
+  }
+  for (const auto& e : casts) {
+    r.map[e->param.unsafeGetTensorImpl()] = e;
   }
 }
 

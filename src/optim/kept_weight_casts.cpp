@@ -24,7 +24,14 @@ void FusedOptimizer::keep_weight_casts(c10::ScalarType dtype) {
   // changed behind their version counters.
   kept_.clear();
   kept_dtype_ = dtype;
-  update_kept_casts();
+  try {
+    update_kept_casts();
+  } catch (...) {
+    // Refused (a parameter kept by another optimizer): keep none.
+    kept_.clear();
+    kept_dtype_ = at::kFloat;
+    throw;
+  }
 }
 
 void FusedOptimizer::update_kept_casts() {
@@ -38,12 +45,14 @@ void FusedOptimizer::update_kept_casts() {
           kept_.count(param.unsafeGetTensorImpl()) != 0) {
         continue;
       }
-      auto e = std::make_shared<lamp::detail::KeptCast>(param, kept_dtype_);
-      kept_.emplace(param.unsafeGetTensorImpl(), e);
-      added.push_back(std::move(e));
+      added.push_back(
+          std::make_shared<lamp::detail::KeptCast>(param, kept_dtype_));
     }
   }
   lamp::detail::register_kept_casts(added);
+  for (auto& e : added) {
+    kept_.emplace(e->param.unsafeGetTensorImpl(), std::move(e));
+  }
 }
 
 std::vector<std::shared_ptr<lamp::detail::KeptCast>> FusedOptimizer::

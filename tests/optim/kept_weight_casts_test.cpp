@@ -204,6 +204,9 @@ TEST(KeptWeightCasts, BadUseIsAClearError) {
         }
       },
       c10::Error);
+  // Refused as a whole: it keeps none, and the first one keeps its own.
+  EXPECT_EQ(other.kept_weight_casts(), torch::kFloat);
+  EXPECT_EQ(opt.kept_weight_casts(), torch::kBFloat16);
 }
 
 // --- CUDA: lamp's Adam kernel writes the copies ---
