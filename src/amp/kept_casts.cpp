@@ -44,8 +44,9 @@ Registry& registry() {
   return r;
 }
 
-// Writes each entry's copy from its parameter in one multi-tensor cast.
-void write(const std::vector<KeptCast*>& stale) {
+} // namespace
+
+void write_kept_casts(const std::vector<KeptCast*>& stale) {
   if (stale.empty()) {
     return;
   }
@@ -62,8 +63,6 @@ void write(const std::vector<KeptCast*>& stale) {
     e->mark_written();
   }
 }
-
-} // namespace
 
 bool KeptCast::current() const {
   return copy.defined() && param.data_ptr() == data &&
@@ -138,7 +137,7 @@ std::vector<at::Tensor> take_kept_casts(
     out[i] = e->copy;
     held.push_back(std::move(e));
   }
-  write(stale);
+  write_kept_casts(stale);
   if (held.empty()) {
     return {};
   }
@@ -152,7 +151,7 @@ void refresh_kept_casts(const KeptCasts& casts) {
       stale.push_back(e.get());
     }
   }
-  write(stale);
+  write_kept_casts(stale);
 }
 
 } // namespace lamp::detail

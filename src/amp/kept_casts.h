@@ -45,6 +45,10 @@ std::vector<at::Tensor> take_kept_casts(
     at::TensorList params,
     at::ScalarType dtype);
 
+/// Writes each entry's copy from its parameter (one multi-tensor cast) and
+/// marks it current. Every entry must have its copy.
+void write_kept_casts(const std::vector<KeptCast*>& casts);
+
 /// Writes the copies of `casts` that are stale (one multi-tensor cast) and
 /// marks them current; those without a copy yet are left alone. For a
 /// GraphedStep before a replay whose graph reads them.

@@ -5,9 +5,7 @@
 
 #include "../amp/kept_casts.h"
 
-#include <ATen/ops/_foreach_copy.h>
 #include <c10/util/Exception.h>
-#include <torch/utils.h>
 
 namespace lamp::optim {
 
@@ -89,19 +87,18 @@ void FusedOptimizer::finish_kept_copies(
   if (copies.empty()) {
     return;
   }
-  std::vector<torch::Tensor> from, to;
+  std::vector<lamp::detail::KeptCast*> stepped;
   for (size_t i = 0; i < params.size(); ++i) {
     if (copies[i].defined()) {
-      from.push_back(params[i]);
-      to.push_back(copies[i]);
+      stepped.push_back(kept_.at(params[i].unsafeGetTensorImpl()).get());
     }
   }
-  if (!written && !to.empty()) {
-    const torch::NoGradGuard no_grad;
-    at::_foreach_copy_(to, from);
-  }
-  for (const auto& p : from) {
-    kept_.at(p.unsafeGetTensorImpl())->mark_written();
+  if (written) {
+    for (auto* e : stepped) {
+      e->mark_written();
+    }
+  } else {
+    lamp::detail::write_kept_casts(stepped);
   }
 }
 
