@@ -207,6 +207,10 @@ int run(
   if (precision.amp && !precision.fp8) {
     optimizer.keep_weight_casts(precision.dtype);
   }
+  // The step leaves the gradients undefined instead of storing them
+  // clipped (a pass over them): train_step's zero_grad() drops them next
+  // anyway, and nothing reads them in between (lamp/optim.h).
+  optimizer.zero_grad_in_step(true);
   lamp::GradScaler scaler(
       lamp::GradScalerOptions().enabled(precision.name == "fp16"));
   const auto schedule =

@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(kThreads)
     float* const v = list.exp_avg_sq[t];
     void* const copy = list.copy[t];
     const bool half = hyper.copy_half;
+    const bool store_grad = kScaled && hyper.store_grad;
     const bool aligned =
         ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
           reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v)) &
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         *reinterpret_cast<float4*>(m + e0) = m0;
         *reinterpret_cast<float4*>(v + e0) = v0;
-        if (kScaled) {
+        if (store_grad) {
           *reinterpret_cast<float4*>(g + e0) = g0;
         }
         if (second) {
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
           }
           *reinterpret_cast<float4*>(m + e1) = m1;
           *reinterpret_cast<float4*>(v + e1) = v1;
-          if (kScaled) {
+          if (store_grad) {
             *reinterpret_cast<float4*>(g + e1) = g1;
           }
         }
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
       if (copy != nullptr) {
         store_copy1(copy, e, pe, half);
       }
-      if (kScaled) {
+      if (store_grad) {
         g[e] = ge;
       }
       m[e] = me;

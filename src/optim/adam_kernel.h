@@ -40,9 +40,11 @@ struct AdamHyper {
   double beta1 = 0, beta2 = 0, weight_decay = 0, eps = 0;
   bool decoupled = false; // AdamW
   // GradScaler: gradients divided by *grad_scale (and written back
-  // unscaled, as ATen does); the step skipped where *found_inf == 1.
+  // unscaled, as ATen does, unless not `store_grad`: the caller drops
+  // them); the step skipped where *found_inf == 1.
   const float* grad_scale = nullptr;
   const float* found_inf = nullptr;
+  bool store_grad = true;
   bool copy_half = false; // the copies are fp16 (else bf16)
 };
 

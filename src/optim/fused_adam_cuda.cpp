@@ -68,7 +68,8 @@ void adam_cuda(
     double eps,
     bool decoupled,
     const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf) {
+    const std::optional<at::Tensor>& found_inf,
+    bool store_grads) {
   if (params.empty()) {
     return;
   }
@@ -83,6 +84,7 @@ void adam_cuda(
   hyper.decoupled = decoupled;
   hyper.grad_scale = grad_scale ? grad_scale->data_ptr<float>() : nullptr;
   hyper.found_inf = found_inf ? found_inf->data_ptr<float>() : nullptr;
+  hyper.store_grad = store_grads;
   for (const auto& c : copies) {
     if (c.defined()) {
       TORCH_INTERNAL_ASSERT(

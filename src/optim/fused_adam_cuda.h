@@ -31,6 +31,8 @@ bool adam_cuda_applies(
 /// else `lr_value`. `copies` is empty or one tensor a parameter: where
 /// defined, a bf16 or fp16 tensor laid out as the parameter (all of one
 /// dtype), which gets the stepped parameter's values rounded to it.
+/// Unless `store_grads`, gradients divided by `grad_scale` are not stored
+/// back (the caller drops them).
 void adam_cuda(
     const std::vector<at::Tensor>& params,
     const std::vector<at::Tensor>& copies,
@@ -46,6 +48,7 @@ void adam_cuda(
     double eps,
     bool decoupled,
     const std::optional<at::Tensor>& grad_scale,
-    const std::optional<at::Tensor>& found_inf);
+    const std::optional<at::Tensor>& found_inf,
+    bool store_grads = true);
 
 } // namespace lamp::detail

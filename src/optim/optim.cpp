@@ -225,7 +225,8 @@ void fused_adam_step(
             options.eps(),
             decoupled_weight_decay,
             scale,
-            inf);
+            inf,
+            /*store_grads=*/!self.zeroes_grad_in_step());
         copies_written = true;
       } else
 #endif
@@ -247,6 +248,7 @@ void fused_adam_step(
         at::_foreach_add_(bucket.steps, *inf, /*alpha=*/-1);
       }
     }
+    self.finish_grads(params[g]);
   }
 }
 
@@ -347,6 +349,18 @@ std::optional<torch::Tensor> FusedOptimizer::device_lr(
        at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(device)),
        lr});
   return device_lrs_.back().lr;
+}
+
+void FusedOptimizer::finish_grads(
+    const std::vector<torch::Tensor>& params) const {
+  if (zero_grad_in_step_) {
+    for (const auto& param : params) {
+      // NOTE: as zero_grad() would right after the step: the caching
+      // allocator hands the memory out again only to work queued behind
+      // the step's kernels on the stream (the one backward ran on).
+      param.mutable_grad().reset();
+    }
+  }
 }
 
 torch::Tensor FusedOptimizer::step(LossClosure closure) {
@@ -507,6 +521,7 @@ void FusedSGD::step_scaled(
       lamp::detail::bump_versions(params);
       finish_kept_copies(params, copies, /*written=*/false);
     }
+    finish_grads(params[g]);
   }
 }
 
