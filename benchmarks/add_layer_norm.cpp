@@ -27,7 +27,6 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -88,18 +87,7 @@ double time_ms(
   }
 #endif
   run();
-  std::vector<double> per_call;
-  for (int64_t r = 0; r < opt.repeats; ++r) {
-    examples::synchronize(device);
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    examples::synchronize(device);
-    const auto stop = std::chrono::steady_clock::now();
-    per_call.push_back(
-        std::chrono::duration<double, std::milli>(stop - start).count() /
-        opt.steps);
-  }
-  return examples::median(per_call);
+  return examples::median_ms(device, opt.repeats, opt.steps, run);
 }
 
 void run_shape(const Options& opt, const torch::Device& device, int64_t c) {

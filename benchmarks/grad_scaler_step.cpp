@@ -16,7 +16,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -45,20 +44,11 @@ double time_ms(
   for (int64_t i = 0; i < opt.warmup; ++i) {
     step();
   }
-  std::vector<double> per_step;
-  for (int64_t r = 0; r < opt.repeats; ++r) {
-    examples::synchronize(device);
-    const auto start = std::chrono::steady_clock::now();
+  return examples::median_ms(device, opt.repeats, opt.steps, [&] {
     for (int64_t i = 0; i < opt.steps; ++i) {
       step();
     }
-    examples::synchronize(device);
-    const auto stop = std::chrono::steady_clock::now();
-    per_step.push_back(
-        std::chrono::duration<double, std::milli>(stop - start).count() /
-        opt.steps);
-  }
-  return examples::median(per_step);
+  });
 }
 
 // What a step does besides FusedAdam: unscale_ + clip_grad_norm_ in the

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -296,6 +297,28 @@ inline double median(std::vector<double> values) {
   std::nth_element(
       values.begin(), values.begin() + values.size() / 2, values.end());
   return values[values.size() / 2];
+}
+
+/// The benchmarks' timing: the median over `repeats` of the wall time of
+/// one `run()`, in ms, divided by `per_run` (the calls a run makes); each
+/// run timed between two waits for the device's stream.
+inline double median_ms(
+    const torch::Device& device,
+    int64_t repeats,
+    int64_t per_run,
+    const std::function<void()>& run) {
+  std::vector<double> ms;
+  for (int64_t r = 0; r < repeats; ++r) {
+    synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    synchronize(device);
+    const auto stop = std::chrono::steady_clock::now();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(stop - start).count() /
+        static_cast<double>(per_run));
+  }
+  return median(ms);
 }
 
 // Note [timing steps without a sync a step]
