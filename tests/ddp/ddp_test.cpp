@@ -641,6 +641,19 @@ LAMP_DDP_TEST(GradientAsBucketView) {
   t.expect_data_parallel_training(amp_tolerance(t));
 }
 
+// Gradients the step leaves undefined (FusedOptimizer::zero_grad_in_step):
+// each backward makes new ones, which DDP copies into its buckets and, as
+// bucket views, points back at them; a step skipped on every rank drops
+// them too. Both ranks and the one-process reference train with it on.
+LAMP_DDP_TEST(GradientsDroppedByTheStepAsBucketViews) {
+  ASSERT_EQ(
+      t.launch(
+          "--zero-grad-in-step --grad-view --inject-rank 1 --inject-step 5"),
+      0);
+  t.expect_data_parallel_training(amp_tolerance(t));
+  EXPECT_EQ(t.history(0, "ddp")[5][1], 1.0) << "the step was skipped";
+}
+
 // A weight under two names (a tied LM head) is one parameter: bucketed and
 // averaged once per backward, stepped once, as in one process.
 LAMP_DDP_TEST(ATiedWeightIsReducedOnce) {

@@ -44,6 +44,7 @@ struct Args {
   bool grad_view = false; // gradient_as_bucket_view + zero_grad(false)
   bool batch_norm = false;
   bool tied = false; // fc2.weight registered a second time, as a tied head
+  bool zero_grad_in_step = false; // FusedOptimizer::zero_grad_in_step
   std::string comm_dtype; // "" | fp16 | bf16
   int64_t inject_rank = -1; // rank whose input gets an inf ...
   int64_t inject_step = -1; // ... at this step
@@ -98,6 +99,7 @@ Args parse(int argc, char** argv) {
   take("grad-view", a.grad_view);
   take("batch-norm", a.batch_norm);
   take("tied", a.tied);
+  take("zero-grad-in-step", a.zero_grad_in_step);
   take("fp32", a.fp32);
   take("cuda-graph", a.cuda_graph);
   take("comm-dtype", a.comm_dtype);
@@ -179,6 +181,7 @@ History train(
   const auto device = net->parameters()[0].device();
   lamp::optim::FusedSGD optimizer(
       net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  optimizer.zero_grad_in_step(a.zero_grad_in_step);
   lamp::GradScaler scaler(lamp::GradScalerOptions()
                               .enabled(!a.fp32)
                               .init_scale(1024)
