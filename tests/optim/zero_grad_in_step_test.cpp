@@ -72,6 +72,19 @@ struct Model {
   torch::Tensor w1, b1, w2;
 };
 
+// Whether the two models' parameters are bitwise equal (the first that is
+// not, named).
+testing::AssertionResult same_params(const Model& a, const Model& b) {
+  const auto pa = a.params();
+  const auto pb = b.params();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (!torch::equal(pa[i], pb[i])) {
+      return testing::AssertionFailure() << "parameter " << i << " differs";
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
 // One step of `how` on `opt`; returns the clip's norm (undefined
 // otherwise).
 torch::Tensor step(
@@ -121,12 +134,7 @@ void expect_trains_as_step_then_zero_grad(const Case& c, torch::Device device) {
     if (ref_norm.defined()) {
       EXPECT_TRUE(torch::equal(ref_norm, norm)) << "step " << s;
     }
-    const auto a = ref.params();
-    const auto b = dropped.params();
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_TRUE(torch::equal(a[i], b[i]))
-          << "step " << s << ", parameter " << i;
-    }
+    ASSERT_TRUE(same_params(ref, dropped)) << "step " << s;
   }
 }
 
@@ -188,12 +196,7 @@ TEST_P(ZeroGradInStepGpu, GraphedStepTrainsAsWithItOff) {
     const auto la = (*a)({in});
     const auto lb = (*b)({in});
     ASSERT_TRUE(torch::equal(la, lb)) << "call " << s;
-    const auto pa = ref.params();
-    const auto pb = dropped.params();
-    for (size_t i = 0; i < pa.size(); ++i) {
-      ASSERT_TRUE(torch::equal(pa[i], pb[i]))
-          << "call " << s << ", parameter " << i;
-    }
+    ASSERT_TRUE(same_params(ref, dropped)) << "call " << s;
   }
   EXPECT_TRUE(b->is_captured());
 }
