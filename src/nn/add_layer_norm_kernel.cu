@@ -26,6 +26,23 @@ constexpr int64_t kBackwardWarpRows = 8;
 constexpr int64_t kMaxBlocks = 1024;
 constexpr int kMaxRegisterSumColumns = 1024;
 constexpr int kWideWarps = 2;
+// Note [Two warps a row]
+// A lane of the one-warp kernels holds kPer columns of its row (and their
+// residual, weight and gradient) in registers: at gpt2-xl's 1,600 columns,
+// 52 floats a lane, 128 registers a thread forward and 195 backward, so few
+// warps are in flight and the kernels moved ~2.0 TB/s on an H100. With two
+// warps a row (add_norm_forward_split_kernel, add_norm_dx_dweight_split_kernel)
+// a lane holds half the columns (70 and 96 registers): forward at 1,600
+// columns 66.8 us against 77.2, backward 87.2 against 100.5, at 1,024
+// forward 39.3 against 48.1 (8,192 rows, bf16, residual bias; the
+// benchmark benchmarks/add_layer_norm, H100, 2026-12-07); the backward at
+// 1,024 was slower with two warps (65.2 against 58.8), so it splits only
+// rows its register kernel cannot take. The row's two halves meet in
+// shared memory; both warps add the halves' sums in the same order, so the
+// row's statistics are one value. gpt2-xl checkpointed, bs 8: 214.9 ms a
+// step against 216.6 / 217.2.
+// The forward splits rows wider than this (4-wide packs).
+constexpr int kSplitForwardFrom = 768;
 
 template <typename T>
 struct Type {
@@ -252,6 +269,127 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// add_norm_forward_kernel for wide rows, two warps a row (kWarps / 2 rows
+// a block): warp `part` of a row holds the pack rounds part, part + 2, ...
+// (kPer / V of them), so a lane holds half the columns (gpt2-xl's 1,600:
+// 28 floats, not 52), and the row's two sums meet in shared memory.
+// Note [Two warps a row].
+template <int kPer, int V, typename R, typename Y>
+__global__ void __launch_bounds__(kWarps * 32)
+    add_norm_forward_split_kernel(AddNormForward a) {
+  constexpr int kPacks = kPer / V;
+  __shared__ float partial[kWarps];
+  const int warp = threadIdx.x / 32;
+  const int part = warp % 2;
+  const int64_t row = int64_t{blockIdx.x} * (kWarps / 2) + warp / 2;
+  const int lane = threadIdx.x % 32;
+  // NOTE: no early return: every warp of the block meets at the barriers.
+  const bool live = row < a.rows;
+  const int64_t base = live ? row * a.columns : 0;
+  auto column = [&](int k) { return (lane + 32 * (part + 2 * k)) * V; };
+  float v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = column(k);
+    if (live && c < a.columns) {
+      load_pack<V>(a.x + base + c, v + k * V);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        v[k * V + e] = 0.f;
+      }
+    }
+  }
+  if (a.r != nullptr) {
+    const R* r = static_cast<const R*>(a.r) + base;
+    float rv[kPer];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int c = column(k);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        rv[k * V + e] = 0.f;
+      }
+      if (live && c < a.columns) {
+        load_pack<V>(r + c, rv + k * V);
+        if (a.r_bias != nullptr) {
+          float rb[V];
+          load_pack_as<V>(a.r_bias, a.r_bias_format, c, rb);
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            rv[k * V + e] += rb[e];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      v[i] += rv[i];
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    sum += v[i];
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) {
+    partial[warp] = sum;
+  }
+  __syncthreads();
+  const float mean = (partial[warp & ~1] + partial[warp | 1]) / a.columns;
+  __syncthreads(); // `partial` is written again below
+  float var = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (column(k) < a.columns) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = v[k * V + e] - mean;
+        var += d * d;
+      }
+    }
+  }
+  var = warp_sum(var);
+  if (lane == 0) {
+    partial[warp] = var;
+  }
+  __syncthreads();
+  const float rstd =
+      rsqrtf((partial[warp & ~1] + partial[warp | 1]) / a.columns + a.eps);
+  if (!live) {
+    return;
+  }
+  Y* y = static_cast<Y*>(a.y) + base;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int c = column(k);
+    if (c < a.columns) {
+      if (a.sum != nullptr) {
+        store_pack<V>(a.sum + base + c, v + k * V);
+      }
+      float w[V], b[V], out[V];
+      load_pack<V>(a.weight + c, w);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        b[e] = 0.f;
+      }
+      if (a.bias != nullptr) {
+        load_pack<V>(a.bias + c, b);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out[e] = (v[k * V + e] - mean) * rstd * w[e] + b[e];
+      }
+      store_pack<V>(y + c, out);
+    }
+  }
+  if (lane == 0 && part == 0) {
+    a.mean[row] = mean;
+    a.rstd[row] = rstd;
+  }
+}
+
 // One row of the input gradient, by its warp; the residual's gradient (the
 // same values) in the residual's type when dr is set (then DY's type).
 // It also adds the row's dy * xhat and dy to the lane's columns' sums (the
@@ -261,15 +399,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 // shared memory (either way: no registers to spare).
 enum class Sums { kRegisters, kShared };
 
-template <int kPer, int V, typename DY, Sums kSums>
+// Two warps meet: bar.sync on named barrier `id` (1, 2, ...: 0 is
+// __syncthreads') of 64 threads.
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+
+// kSplit 2 (Note [Two warps a row]): the row's two warps each take
+// every other pack round (`part`: this warp's), and their sums meet in
+// red[parity][warp][2] (shared, [2][kWarps][2] floats; parity alternates
+// by row, so one barrier a row).
+template <int kPer, int V, typename DY, Sums kSums, int kSplit = 1>
 __device__ __forceinline__ void dx_row(
     const AddNormBackward& a,
     int64_t row,
     int lane,
     float* dw,
     float* db,
-    float* drs) {
+    float* drs,
+    int part = 0,
+    float* red = nullptr,
+    int parity = 0) {
   constexpr int kPacks = kPer / V;
+  auto column = [&](int k) { return (lane + 32 * (part + kSplit * k)) * V; };
   const int64_t base = row * a.columns;
   const DY* dy = static_cast<const DY*>(a.dy) + base;
   float xhat[kPer], g[kPer];
@@ -280,7 +432,7 @@ __device__ __forceinline__ void dx_row(
   }
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
+    const int c = column(k);
     if (c < a.columns) {
       load_pack<V>(a.sum + base + c, xhat + k * V);
     }
@@ -292,7 +444,7 @@ __device__ __forceinline__ void dx_row(
   float w[kKeepW ? kPer : V];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
+    const int c = column(k);
     if (c < a.columns) {
       load_pack<V>(dy + c, g + k * V);
       if constexpr (kKeepW) {
@@ -305,7 +457,7 @@ __device__ __forceinline__ void dx_row(
   float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
+    const int c = column(k);
     const bool inside = c < a.columns;
     float pw[V], pb[V]; // kShared: the pack's dy * xhat and dy
     if constexpr (kSums == Sums::kShared) {
@@ -341,6 +493,20 @@ __device__ __forceinline__ void dx_row(
   }
   sum_g = warp_sum(sum_g);
   sum_gx = warp_sum(sum_gx);
+  if constexpr (kSplit == 2) {
+    // NOTE: both warps add part 0's sums to part 1's, in that order: the
+    // row's two halves see the same bits.
+    const int warp = threadIdx.x / 32;
+    float* slot = red + parity * kWarps * 2;
+    if (lane == 0) {
+      slot[warp * 2] = sum_g;
+      slot[warp * 2 + 1] = sum_gx;
+    }
+    pair_barrier(1 + warp / 2);
+    const int w0 = warp & ~1;
+    sum_g = slot[w0 * 2] + slot[w0 * 2 + 2];
+    sum_gx = slot[w0 * 2 + 1] + slot[w0 * 2 + 3];
+  }
   const float inv_columns = 1.f / a.columns;
   float d[kPer];
 #pragma unroll
@@ -351,7 +517,7 @@ __device__ __forceinline__ void dx_row(
     float ds[kPer];
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      const int c = (lane + 32 * k) * V;
+      const int c = column(k);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         ds[k * V + e] = 0.f;
@@ -368,7 +534,7 @@ __device__ __forceinline__ void dx_row(
   DY* dr = a.dr != nullptr ? static_cast<DY*>(a.dr) + base : nullptr;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
+    const int c = column(k);
     if (c < a.columns) {
       store_pack<V>(a.dx + base + c, d + k * V);
       if (dr != nullptr) {
@@ -447,6 +613,52 @@ __global__ void __launch_bounds__(kWarps * 32)
       total += sums[w][c];
     }
     out[j] = total;
+  }
+}
+
+// add_norm_dx_dweight_kernel with two warps a row (Note [Two warps a row];
+// rows of at most 2 x 32 x kPer columns): block b's pair p
+// (warps 2p, 2p + 1) takes rows b 2 pair_rows + p + 2 i (i < pair_rows:
+// half the rows a block of the one-warp kernels takes, so the same blocks
+// and partials); the pair's column sums in sums[p] (each warp adds to its
+// own columns, as the wide kernel's kShared), the block adds its two
+// pairs' in pair order.
+template <int kPer, int V, typename DY>
+__global__ void __launch_bounds__(kWarps * 32)
+    add_norm_dx_dweight_split_kernel(AddNormBackward a, int pair_rows) {
+  constexpr int kColumns = 2 * kPer * 32;
+  // [pair][weight | bias | residual bias][column]
+  __shared__ __align__(16) float sums[2][3][kColumns];
+  __shared__ float red[2 * kWarps * 2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / 2, part = warp % 2;
+  for (int c = threadIdx.x % 64; c < 3 * kColumns; c += 64) {
+    sums[pair][0][c] = 0.f; // all three, contiguous
+  }
+  pair_barrier(1 + pair);
+  const int64_t first = int64_t{blockIdx.x} * 2 * pair_rows + pair;
+  for (int i = 0; i < pair_rows; ++i) {
+    const int64_t row = first + 2 * int64_t{i};
+    if (row >= a.rows) {
+      break; // both warps of the pair: the same rows
+    }
+    dx_row<kPer, V, DY, Sums::kShared, 2>(
+        a,
+        row,
+        lane,
+        sums[pair][0],
+        sums[pair][1],
+        sums[pair][2],
+        part,
+        red,
+        i % 2);
+  }
+  __syncthreads();
+  const int n = backward_sums(a);
+  float* out = a.partials + int64_t{blockIdx.x} * n * a.columns;
+  for (int j = threadIdx.x; j < n * a.columns; j += kWarps * 32) {
+    const int which = j / a.columns, c = j % a.columns;
+    out[j] = sums[0][which][c] + sums[1][which][c];
   }
 }
 
@@ -573,6 +785,22 @@ cudaError_t with_per_lane(int columns, const F& f) {
   return f(std::integral_constant<int, 64>{});
 }
 
+// Calls f(std::integral_constant<int, kPer>{}) for the smallest kPer of
+// the two-warp kernels (2 x 32 lanes x kPer columns) that holds `columns`.
+template <typename F>
+cudaError_t with_split_per_lane(int columns, const F& f) {
+  if (columns <= 2 * 32 * 16) {
+    return f(std::integral_constant<int, 16>{});
+  }
+  if (columns <= 2 * 32 * 20) {
+    return f(std::integral_constant<int, 20>{});
+  }
+  if (columns <= 2 * 32 * 28) {
+    return f(std::integral_constant<int, 28>{});
+  }
+  return f(std::integral_constant<int, 32>{});
+}
+
 // Whether every pointer (null ones aside) is 16-byte aligned.
 bool aligned(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers) {
@@ -609,6 +837,26 @@ cudaError_t launch_add_norm_forward(
   }
   const bool vec = a.columns % 4 == 0 &&
       aligned({a.x, a.r, a.r_bias, a.weight, a.bias, a.sum, a.y});
+  // Rows wider than kSplitForwardFrom (4-wide packs): two warps a row
+  // (Note [Two warps a row]).
+  if (vec && a.columns > kSplitForwardFrom) {
+    const auto split_blocks =
+        static_cast<unsigned>((a.rows + kWarps / 2 - 1) / (kWarps / 2));
+    return with_type(a.y_format, [&](auto y) {
+      using Y = typename decltype(y)::type;
+      return with_split_per_lane(a.columns, [&](auto per) {
+        constexpr int kPer = decltype(per)::value;
+        if (r_float) {
+          add_norm_forward_split_kernel<kPer, 4, float, Y>
+              <<<split_blocks, kWarps * 32, 0, stream>>>(a);
+        } else {
+          add_norm_forward_split_kernel<kPer, 4, Y, Y>
+              <<<split_blocks, kWarps * 32, 0, stream>>>(a);
+        }
+        return cudaGetLastError();
+      });
+    });
+  }
   return with_type(a.y_format, [&](auto y) {
     using Y = typename decltype(y)::type;
     return with_per_lane(a.columns, [&](auto per) {
@@ -647,37 +895,60 @@ cudaError_t launch_add_norm_backward(
   const auto blocks = static_cast<unsigned>(backward_blocks(a.rows, a.columns));
   const auto warp_rows =
       static_cast<int>(backward_warp_rows(a.rows, a.columns));
-  const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
-    using DY = typename decltype(dy)::type;
-    return with_per_lane(a.columns, [&](auto p) {
-      constexpr int kPer = decltype(p)::value;
-      // NOTE: the register kernel is not instantiated past
-      // kMaxRegisterSumColumns (its shared sums would not fit).
-      if constexpr (kPer * 32 <= kMaxRegisterSumColumns) {
-        if (vec) {
-          add_norm_dx_dweight_kernel<kPer, 4, DY>
-              <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+  // Rows of 1,025-1,792 columns (4-wide packs) two warps a row (Note [Two
+  // warps a row]). A pair takes the rows of half a block of the one-warp
+  // kernels (the same blocks and partials).
+  if (vec && a.columns > kMaxRegisterSumColumns && a.columns <= 2 * 32 * 28) {
+    const int pair_rows = backward_block_warps(a.columns) * warp_rows / 2;
+    const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
+      using DY = typename decltype(dy)::type;
+      return with_split_per_lane(a.columns, [&](auto per) {
+        constexpr int kPer = decltype(per)::value;
+        if constexpr (kPer <= 28) { // its shared sums: at most 43 KB
+          add_norm_dx_dweight_split_kernel<kPer, 4, DY>
+              <<<blocks, kWarps * 32, 0, stream>>>(a, pair_rows);
+          return cudaGetLastError();
         } else {
-          add_norm_dx_dweight_kernel<kPer, 1, DY>
-              <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+          return cudaErrorInvalidValue; // not taken: columns <= 1,792
         }
-      } else {
-        // At most 2 warps x 3 x 2,048 floats: 48 KiB, no opt-in needed.
-        const size_t shared = sizeof(float) * kWideWarps * backward_sums(a) *
-            static_cast<size_t>(a.columns);
-        if (vec) {
-          add_norm_dx_dweight_wide_kernel<kPer, 4, DY>
-              <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
-        } else {
-          add_norm_dx_dweight_wide_kernel<kPer, 1, DY>
-              <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
-        }
-      }
-      return cudaGetLastError();
+      });
     });
-  });
-  if (error != cudaSuccess) {
-    return error;
+    if (error != cudaSuccess) {
+      return error;
+    }
+  } else {
+    const cudaError_t error = with_type(a.dy_format, [&](auto dy) {
+      using DY = typename decltype(dy)::type;
+      return with_per_lane(a.columns, [&](auto p) {
+        constexpr int kPer = decltype(p)::value;
+        // NOTE: the register kernel is not instantiated past
+        // kMaxRegisterSumColumns (its shared sums would not fit).
+        if constexpr (kPer * 32 <= kMaxRegisterSumColumns) {
+          if (vec) {
+            add_norm_dx_dweight_kernel<kPer, 4, DY>
+                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+          } else {
+            add_norm_dx_dweight_kernel<kPer, 1, DY>
+                <<<blocks, kWarps * 32, 0, stream>>>(a, warp_rows);
+          }
+        } else {
+          // At most 2 warps x 3 x 2,048 floats: 48 KiB, no opt-in needed.
+          const size_t shared = sizeof(float) * kWideWarps * backward_sums(a) *
+              static_cast<size_t>(a.columns);
+          if (vec) {
+            add_norm_dx_dweight_wide_kernel<kPer, 4, DY>
+                <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
+          } else {
+            add_norm_dx_dweight_wide_kernel<kPer, 1, DY>
+                <<<blocks, kWideWarps * 32, shared, stream>>>(a, warp_rows);
+          }
+        }
+        return cudaGetLastError();
+      });
+    });
+    if (error != cudaSuccess) {
+      return error;
+    }
   }
   add_norm_partials_kernel<<<
       static_cast<unsigned>((backward_sums(a) * a.columns + 31) / 32),

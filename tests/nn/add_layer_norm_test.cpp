@@ -181,9 +181,10 @@ TEST(AddLayerNorm, BadShapesAreAClearError) {
 
 class AddLayerNormGpu : public lamp::test::GpuTest {};
 
-// Rows of GPT-2's widths (768, 1600), one odd and one small.
+// Rows of GPT-2's widths (768, 1600), one odd and one small, and 1,000 and
+// 1,200 (partial pack rounds in the two-warp kernels).
 TEST_F(AddLayerNormGpu, KernelsEqualAtensOps) {
-  compare_all(torch::kCUDA, {768, 1600, 100, 5});
+  compare_all(torch::kCUDA, {768, 1600, 100, 5, 1000, 1200});
 }
 
 // A residual in fp16 under bf16 autocast (and so neither fp32 nor y's
@@ -302,7 +303,7 @@ TEST(AddLayerNorm, ResidualBiasWithoutAResidualIsAClearError) {
 // gradient cast after the kernel, rb's summed by ATen); rows for several
 // blocks.
 TEST_F(AddLayerNormGpu, ResidualBiasKernelsEqualAtensOps) {
-  for (const int64_t columns : {768, 1024, 1600, 100}) {
+  for (const int64_t columns : {768, 1024, 1600, 100, 1000, 1200}) {
     for (const bool autocast : {true, false}) {
       compare_biased(
           torch::kCUDA,
