@@ -194,6 +194,13 @@ struct GptImpl : torch::nn::Module {
     init_weights();
   }
 
+  /// The step's (and a recompute's) CastWeightsGuard: the linear layers'
+  /// weight gradients written in fp32 by their GEMMs (one pass over the
+  /// weights fewer a step; lamp/cast_weights.h).
+  static lamp::CastWeightsOptions cast_options() {
+    return lamp::CastWeightsOptions().fp32_weight_grads(true);
+  }
+
   /// GPT-2's initialisation (nanoGPT's _init_weights): N(0, 0.02) for
   /// linear and embedding weights, N(0, 0.02 / sqrt(2 n_layer)) for the
   /// projections into the residual stream, zero biases, LayerNorm 1 and 0.
@@ -241,7 +248,7 @@ struct GptImpl : torch::nn::Module {
               std::optional<lamp::CastWeightsGuard> cast;
               if (lamp::is_recomputing() &&
                   !lamp::Fp8AutocastGuard::is_enabled()) {
-                cast.emplace(*block, in[0].device().type());
+                cast.emplace(*block, in[0].device().type(), cast_options());
               }
               auto [h, y] = block->forward(in[0], in[1], in[2]);
               return std::vector<torch::Tensor>{h, y};

@@ -250,13 +250,15 @@ int run(
           lamp::AutocastGuard autocast(
               device.type(), precision.dtype, precision.amp);
           // Every linear layer's weight and bias cast in one kernel (their
-          // gradients back in another) instead of one each. NOTE: not with
-          // FP8, whose layers cast the fp32 weights to FP8 themselves and
-          // get fp32 weight gradients from their GEMMs: a 16-bit copy first
-          // would be one more pass over each weight and its gradient.
+          // biases' gradients back in another, the weights' written in fp32
+          // by their GEMMs: GPT::cast_options) instead of one each. NOTE:
+          // not with FP8, whose layers cast the fp32 weights to FP8
+          // themselves and get fp32 weight gradients from their GEMMs: a
+          // 16-bit copy first would be one more pass over each weight and
+          // its gradient.
           std::optional<lamp::CastWeightsGuard> cast;
           if (!precision.fp8) {
-            cast.emplace(*model, device.type());
+            cast.emplace(*model, device.type(), gpt::GptImpl::cast_options());
           }
           loss = model->loss(x, y) / static_cast<double>(opt.grad_accum);
         }

@@ -2,6 +2,7 @@
 
 #include <lamp/nn/linear.h>
 
+#include "fp32_grad_weights.h"
 #include "kept_casts.h"
 
 #include <ATen/ATen.h>
@@ -177,13 +178,16 @@ struct CastWeightsGuard::Impl {
     at::Tensor original;
   };
   std::vector<Swap> swaps;
+  // The casts registered for fp32 weight gradients (fp32_grad_weights.h).
+  std::vector<at::Tensor> fp32_grad_casts;
   size_t cast = 0;
   size_t kept = 0; // of `cast`, taken from an optimizer's kept copies
 };
 
 CastWeightsGuard::CastWeightsGuard(
     torch::nn::Module& model,
-    c10::DeviceType device_type)
+    c10::DeviceType device_type,
+    CastWeightsOptions options)
     : impl_(std::make_unique<Impl>()) {
   if (!at::autocast::is_autocast_enabled(device_type)) {
     return;
@@ -195,10 +199,14 @@ CastWeightsGuard::CastWeightsGuard(
   std::vector<at::Tensor> untracked;
   // Per member: which list, and where in it.
   std::vector<std::pair<bool, size_t>> place;
+  // Per tracked parameter: whether some module reads it as its weight.
+  std::vector<bool> tracked_weight;
   std::unordered_map<const c10::TensorImpl*, std::pair<bool, size_t>> seen;
   const bool grad_mode = at::GradMode::is_enabled();
   for (const auto& module : model.modules(/*include_self=*/true)) {
-    for (at::Tensor* member : cast_members(*module)) {
+    const auto members = cast_members(*module);
+    for (size_t j = 0; j < members.size(); ++j) {
+      at::Tensor* member = members[j];
       const at::Tensor& t = *member;
       if (!t.defined() || t.scalar_type() != at::kFloat ||
           t.device().type() != device_type) {
@@ -210,6 +218,12 @@ CastWeightsGuard::CastWeightsGuard(
         auto& list = track ? tracked : untracked;
         it->second = {track, list.size()};
         list.push_back(t);
+        if (track) {
+          tracked_weight.push_back(false);
+        }
+      }
+      if (it->second.first && j == 0) { // cast_members: weight first
+        tracked_weight[it->second.second] = true;
       }
       impl_->swaps.push_back({member, t});
       place.push_back(it->second);
@@ -235,9 +249,22 @@ CastWeightsGuard::CastWeightsGuard(
     *impl_->swaps[i].member = track ? tracked_casts[k] : untracked_casts[k];
   }
   impl_->cast = tracked.size() + untracked.size();
+  if (options.fp32_weight_grads()) {
+    // NOTE: last, so that a throw above leaves nothing registered (no
+    // destructor runs then).
+    std::vector<at::Tensor> params;
+    for (size_t k = 0; k < tracked.size(); ++k) {
+      if (tracked_weight[k]) {
+        impl_->fp32_grad_casts.push_back(tracked_casts[k]);
+        params.push_back(tracked[k]);
+      }
+    }
+    detail::register_fp32_grad_weights(impl_->fp32_grad_casts, params);
+  }
 }
 
 CastWeightsGuard::~CastWeightsGuard() {
+  detail::unregister_fp32_grad_weights(impl_->fp32_grad_casts);
   for (auto& swap : impl_->swaps) {
     *swap.member = std::move(swap.original);
   }

@@ -1,5 +1,6 @@
 #include "gelu_mlp_cuda.h"
 
+#include "../amp/fp32_grad_weights.h"
 #include "linear_cuda.h"
 #include "lt_matmul.h"
 
@@ -65,8 +66,21 @@ std::vector<int64_t> output_sizes(const at::Tensor& x, const at::Tensor& w2) {
   return sizes;
 }
 
+// The fp32 parameter behind a weight (Note [fp32 weight gradients]), or
+// nothing.
+std::optional<at::Tensor> param_of(const at::Tensor& weight) {
+  auto p = lamp::detail::fp32_grad_param(weight);
+  return p.defined() ? std::optional<at::Tensor>(std::move(p)) : std::nullopt;
+}
+
 class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
  public:
+  // Inputs: x, w1, b1, w2, b2, skip_output, then p1 and p2: the fp32
+  // parameters that w1 and w2 are the casts of where they get their
+  // gradients in fp32 (Note [fp32 weight gradients]; w1 or w2 is then
+  // detached), else nothing.
+  static constexpr size_t kP1 = 6, kP2 = 7;
+
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& x,
@@ -76,10 +90,21 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       // NOTE: optional, not undefined: apply() asks every tensor argument
       // for its device. None: GeluMlpOptions::skip_proj_bias.
       const std::optional<at::Tensor>& maybe_b2,
-      bool skip_output) {
+      bool skip_output,
+      const std::optional<at::Tensor>& p1,
+      const std::optional<at::Tensor>& p2) {
     const at::Tensor b2 = maybe_b2.value_or(at::Tensor());
     auto [a, h] = hidden_of(x, w1, b1);
-    ctx->save_for_backward({x, w1, b1, w2, b2, a, h});
+    ctx->save_for_backward(
+        {x,
+         w1,
+         b1,
+         w2,
+         b2,
+         a,
+         h,
+         p1.value_or(at::Tensor()),
+         p2.value_or(at::Tensor())});
     if (skip_output) {
       // GeluMlpOptions::skip_output_in_recompute: backward reads a and h,
       // never the output, whose values nothing reads.
@@ -96,21 +121,25 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor& a = saved[5];
     const at::Tensor& h = saved[6];
     const at::Tensor& dy = grads[0];
-    variable_list out(6); // the last for skip_output
+    variable_list out(8);
     if (!dy.defined()) {
       return out;
     }
     if (at::GradMode::is_enabled()) {
       return double_backward(saved, dy);
     }
+    // Where each weight's gradient goes: its own slot, or its fp32
+    // parameter's.
+    const bool fp32_1 = saved[7].defined(), fp32_2 = saved[8].defined();
+    const size_t g1 = fp32_1 ? kP1 : 1, g2 = fp32_2 ? kP2 : 3;
     const auto dy2 = dy.reshape({-1, w2.size(0)}).contiguous();
     if (saved[4].defined() && ctx->needs_input_grad(4)) {
       out[4] = bias_grad(dy2);
     }
-    if (ctx->needs_input_grad(3)) {
-      out[3] = dy2.t().mm(a);
+    if (ctx->needs_input_grad(g2)) {
+      out[g2] = lamp::detail::weight_grad(dy2, a, fp32_2);
     }
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) &&
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(g1) &&
         !ctx->needs_input_grad(2)) {
       return out;
     }
@@ -122,8 +151,8 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       out[2] = bias_grad(dh);
     }
     const auto x2 = x.view({-1, w1.size(1)});
-    if (ctx->needs_input_grad(1)) {
-      out[1] = dh.t().mm(x2);
+    if (ctx->needs_input_grad(g1)) {
+      out[g1] = lamp::detail::weight_grad(dh, x2, fp32_1);
     }
     if (ctx->needs_input_grad(0)) {
       out[0] = dh.mm(w1).view(x.sizes());
@@ -133,23 +162,38 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 
  private:
   // A gradient that is itself differentiated (create_graph): the three ops
-  // again, from the saved inputs, and their gradients with a graph.
+  // again, from the saved inputs (a weight whose fp32 parameter gets its
+  // gradient: that parameter cast again), and their gradients with a
+  // graph.
   static variable_list double_backward(
       const variable_list& saved,
       const at::Tensor& dy) {
+    // The five operands and, for each, the tensor and slot its gradient is
+    // for.
+    variable_list operands(saved.begin(), saved.begin() + 5);
+    variable_list targets = operands;
+    size_t slot[5] = {0, 1, 2, 3, 4};
+    for (const auto& [w, p, k] :
+         {std::tuple<size_t, size_t, size_t>{1, 7, kP1}, {3, 8, kP2}}) {
+      if (saved[p].defined()) {
+        operands[w] = saved[p].to(saved[w].scalar_type());
+        targets[w] = saved[p];
+        slot[w] = k;
+      }
+    }
     const auto y = at::linear(
-        at::gelu(at::linear(saved[0], saved[1], saved[2]), "tanh"),
-        saved[3],
-        saved[4]);
+        at::gelu(at::linear(operands[0], operands[1], operands[2]), "tanh"),
+        operands[3],
+        operands[4]);
     variable_list inputs;
     std::vector<size_t> which;
     for (size_t i = 0; i < 5; ++i) {
-      if (saved[i].defined() && saved[i].requires_grad()) {
-        inputs.push_back(saved[i]);
-        which.push_back(i);
+      if (targets[i].defined() && targets[i].requires_grad()) {
+        inputs.push_back(targets[i]);
+        which.push_back(slot[i]);
       }
     }
-    variable_list out(5);
+    variable_list out(8);
     if (inputs.empty()) {
       return out;
     }
@@ -163,7 +207,6 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     for (size_t j = 0; j < which.size(); ++j) {
       out[which[j]] = g[j];
     }
-    out.emplace_back(); // skip_output
     return out;
   }
 };
@@ -227,6 +270,7 @@ at::Tensor gelu_mlp_cuda(
     const at::Tensor& proj_weight,
     const at::Tensor& proj_bias,
     bool skip_output) {
+  const auto p1 = param_of(fc_weight), p2 = param_of(proj_weight);
   at::Tensor x = input, w1 = fc_weight, b1 = fc_bias, w2 = proj_weight,
              b2 = proj_bias;
   // Autocast's policy for linear (lower_precision_fp), as linear_cuda's.
@@ -255,13 +299,17 @@ at::Tensor gelu_mlp_cuda(
     const auto a = hidden_of(x, w1, b1).first;
     return at::linear(a, w2, b2).view(output_sizes(x, w2));
   }
+  // A weight whose fp32 parameter gets its gradient: the cast's own node
+  // gets none from this layer.
   return GeluMlpFunction::apply(
       x,
-      w1,
+      p1 ? w1.detach() : w1,
       b1,
-      w2,
+      p2 ? w2.detach() : w2,
       b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-      skip_output);
+      skip_output,
+      p1,
+      p2);
 }
 
 } // namespace lamp::nn::detail

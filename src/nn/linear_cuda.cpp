@@ -1,5 +1,6 @@
 #include "linear_cuda.h"
 
+#include "../amp/fp32_grad_weights.h"
 #include "channel_sums_cuda.h"
 
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
+#include <optional>
 
 // Note [The bias gradient of a linear layer]
 // ATen's linear backward sums the output's gradient over the rows for the
@@ -39,35 +41,50 @@ using torch::autograd::variable_list;
 
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
+  // `param`: the fp32 parameter that `weight` is the cast of, which gets the
+  // weight's gradient in fp32 (Note [fp32 weight gradients]); `weight` is
+  // then detached. NOTE: optionals, not undefined tensors: apply() asks
+  // every tensor argument for its device.
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& input,
       const at::Tensor& weight,
-      const at::Tensor& bias) {
-    ctx->save_for_backward({input, weight});
-    return at::linear(input, weight, bias);
+      const std::optional<at::Tensor>& bias,
+      const std::optional<at::Tensor>& param) {
+    ctx->save_for_backward({input, weight, param.value_or(at::Tensor())});
+    return at::linear(input, weight, bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
+    const at::Tensor& param = saved[2];
     const at::Tensor& grad = grads[0];
+    variable_list out(4);
     if (!grad.defined()) {
-      return {at::Tensor(), at::Tensor(), at::Tensor()};
+      return out;
+    }
+    const bool fp32 = param.defined();
+    at::Tensor weight = saved[1];
+    if (fp32 && at::GradMode::is_enabled()) {
+      // A backward with create_graph: the weight as its parameter's cast,
+      // so that a second derivative through the input's gradient reaches
+      // the parameter.
+      weight = param.to(weight.scalar_type());
     }
     const auto grad2d = grad.reshape({-1, weight.size(0)});
-    at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
-      dx = grad2d.mm(weight).view(input.sizes());
+      out[0] = grad2d.mm(weight).view(input.sizes());
     }
-    if (ctx->needs_input_grad(1)) {
-      dw = grad2d.t().mm(input.reshape({-1, weight.size(1)}));
+    const size_t w = fp32 ? 3 : 1;
+    if (ctx->needs_input_grad(w)) {
+      out[w] = lamp::detail::weight_grad(
+          grad2d, input.reshape({-1, weight.size(1)}), fp32);
     }
     if (ctx->needs_input_grad(2)) {
-      db = bias_grad(grad2d);
+      out[2] = bias_grad(grad2d);
     }
-    return {dx, dw, db};
+    return out;
   }
 };
 
@@ -88,15 +105,22 @@ bool linear_cuda_applies(
     const at::Tensor& input,
     const at::Tensor& weight,
     const at::Tensor& bias) {
-  return input.is_cuda() && bias.defined() && bias.requires_grad() &&
-      at::GradMode::is_enabled() && input.dim() >= 2 && weight.dim() == 2 &&
-      bias.dim() == 1 && input.is_contiguous();
+  if (!input.is_cuda() || !at::GradMode::is_enabled() || input.dim() < 2 ||
+      weight.dim() != 2 || !input.is_contiguous()) {
+    return false;
+  }
+  if (bias.defined()) {
+    return bias.dim() == 1 &&
+        (bias.requires_grad() || lamp::detail::fp32_grad_param(weight).defined());
+  }
+  return lamp::detail::fp32_grad_param(weight).defined();
 }
 
 at::Tensor linear_cuda(
     const at::Tensor& input,
     const at::Tensor& weight,
     const at::Tensor& bias) {
+  const at::Tensor param = lamp::detail::fp32_grad_param(weight);
   at::Tensor x = input, w = weight, b = bias;
   // Autocast's policy for linear (lower_precision_fp): every operand in the
   // autocast dtype, the weight's cast cached for the region.
@@ -104,11 +128,23 @@ at::Tensor linear_cuda(
     const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
     x = at::autocast::cached_cast(dtype, input, at::kCUDA);
     w = at::autocast::cached_cast(dtype, weight, at::kCUDA);
-    b = at::autocast::cached_cast(dtype, bias, at::kCUDA);
+    if (b.defined()) {
+      b = at::autocast::cached_cast(dtype, bias, at::kCUDA);
+    }
   }
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(
       c10::autocast_dispatch_keyset);
-  return LinearFunction::apply(x, w, b);
+  std::optional<at::Tensor> maybe_b, maybe_param;
+  if (b.defined()) {
+    maybe_b = b;
+  }
+  if (param.defined()) {
+    // The cast's own node gets no gradient from this layer: the parameter
+    // gets it, in fp32.
+    w = w.detach();
+    maybe_param = param;
+  }
+  return LinearFunction::apply(x, w, maybe_b, maybe_param);
 }
 
 } // namespace lamp::nn::detail
