@@ -243,8 +243,8 @@ struct GptImpl : torch::nn::Module {
             [block](const std::vector<torch::Tensor>& in) mutable {
               // The recompute runs in the backward pass, after the step's
               // CastWeightsGuard (main.cpp) has ended: the block's weights
-              // cast in one kernel (and their gradients back in one), not
-              // one by autocast each.
+              // cast in one kernel (their gradients written in fp32 by the
+              // GEMMs: cast_options), not one by autocast each.
               std::optional<lamp::CastWeightsGuard> cast;
               if (lamp::is_recomputing() &&
                   !lamp::Fp8AutocastGuard::is_enabled()) {
