@@ -132,14 +132,19 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     // parameter's.
     const bool fp32_1 = saved[7].defined(), fp32_2 = saved[8].defined();
     const size_t g1 = fp32_1 ? kP1 : 1, g2 = fp32_2 ? kP2 : 3;
+    // NOTE: needs_input_grad counts the tensor arguments given (not the
+    // flag, not an empty optional), the gradients returned every argument.
+    size_t next = saved[4].defined() ? 5 : 4;
+    const size_t n1 = fp32_1 ? next++ : 1;
+    const size_t n2 = fp32_2 ? next++ : 3;
     const auto dy2 = dy.reshape({-1, w2.size(0)}).contiguous();
     if (saved[4].defined() && ctx->needs_input_grad(4)) {
       out[4] = bias_grad(dy2);
     }
-    if (ctx->needs_input_grad(g2)) {
+    if (ctx->needs_input_grad(n2)) {
       out[g2] = lamp::detail::weight_grad(dy2, a, fp32_2);
     }
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(g1) &&
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(n1) &&
         !ctx->needs_input_grad(2)) {
       return out;
     }
@@ -151,7 +156,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       out[2] = bias_grad(dh);
     }
     const auto x2 = x.view({-1, w1.size(1)});
-    if (ctx->needs_input_grad(g1)) {
+    if (ctx->needs_input_grad(n1)) {
       out[g1] = lamp::detail::weight_grad(dh, x2, fp32_1);
     }
     if (ctx->needs_input_grad(0)) {

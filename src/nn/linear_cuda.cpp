@@ -52,6 +52,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       const std::optional<at::Tensor>& bias,
       const std::optional<at::Tensor>& param) {
     ctx->save_for_backward({input, weight, param.value_or(at::Tensor())});
+    ctx->saved_data["has_bias"] = bias.has_value();
     return at::linear(input, weight, bias.value_or(at::Tensor()));
   }
 
@@ -76,12 +77,15 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(0)) {
       out[0] = grad2d.mm(weight).view(input.sizes());
     }
-    const size_t w = fp32 ? 3 : 1;
+    // NOTE: needs_input_grad counts the tensor arguments given (an empty
+    // optional is none), the gradients returned count every argument.
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const size_t w = fp32 ? (has_bias ? 3 : 2) : 1;
     if (ctx->needs_input_grad(w)) {
-      out[w] = lamp::detail::weight_grad(
+      out[fp32 ? 3 : 1] = lamp::detail::weight_grad(
           grad2d, input.reshape({-1, weight.size(1)}), fp32);
     }
-    if (ctx->needs_input_grad(2)) {
+    if (has_bias && ctx->needs_input_grad(2)) {
       out[2] = bias_grad(grad2d);
     }
     return out;
