@@ -115,7 +115,8 @@ bool linear_cuda_applies(
   }
   if (bias.defined()) {
     return bias.dim() == 1 &&
-        (bias.requires_grad() || lamp::detail::fp32_grad_param(weight).defined());
+        (bias.requires_grad() ||
+         lamp::detail::fp32_grad_param(weight).defined());
   }
   return lamp::detail::fp32_grad_param(weight).defined();
 }

@@ -97,18 +97,23 @@ Result run(
   torch::manual_seed(1);
   const auto g = torch::randn(y.sizes(), y.options().dtype(torch::kFloat));
   (y.to(torch::kFloat) * g).sum().backward();
-  Result r{y.detach(), x.grad().clone(), torch::OrderedDict<std::string, torch::Tensor>()};
+  Result r{
+      y.detach(),
+      x.grad().clone(),
+      torch::OrderedDict<std::string, torch::Tensor>()};
   for (const auto& p : net->named_parameters()) {
     r.grads.insert(p.key(), p.value().grad().clone());
   }
   return r;
 }
 
-void expect_equal(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+void expect_equal(
+    const torch::Tensor& a,
+    const torch::Tensor& b,
+    const std::string& what) {
   EXPECT_EQ(a.scalar_type(), b.scalar_type()) << what;
   EXPECT_TRUE(torch::equal(a, b))
-      << what << ": largest difference "
-      << (a - b).abs().max().item<double>();
+      << what << ": largest difference " << (a - b).abs().max().item<double>();
 }
 
 // On and off: the same outputs and gradients but the lamp layers' weights'
@@ -130,7 +135,8 @@ void expect_only_weight_grads_differ(
     EXPECT_EQ(a.scalar_type(), torch::kFloat) << item.key();
     // Rounding to 16 bits moves a value by at most half a unit in its last
     // place (ulp relative to it; denormal-free here).
-    EXPECT_TRUE(torch::le((a - b).abs(), a.abs() * ulp + 1e-30).all().item<bool>())
+    EXPECT_TRUE(
+        torch::le((a - b).abs(), a.abs() * ulp + 1e-30).all().item<bool>())
         << item.key() << ": largest difference "
         << (a - b).abs().max().item<double>();
   }
@@ -162,8 +168,7 @@ TEST_F(Fp32WeightGradsGpu, AreTheFp32ProductOfTheOperands) {
     for (const bool bias : {true, false}) {
       for (const bool read_elsewhere : {false, true}) {
         torch::manual_seed(0);
-        lamp::nn::Linear lin(
-            torch::nn::LinearOptions(32, 24).bias(bias));
+        lamp::nn::Linear lin(torch::nn::LinearOptions(32, 24).bias(bias));
         lin->to(torch::kCUDA);
         const auto x = torch::randn({3, 8, 32}, torch::kCUDA);
         const auto g = torch::randn({3, 8, 24}, torch::kCUDA);
@@ -193,8 +198,7 @@ TEST_F(Fp32WeightGradsGpu, AreTheFp32ProductOfTheOperands) {
         // The guard has ended: autocast's rounded gradient again, as a
         // layer's that never saw the option.
         torch::manual_seed(0);
-        lamp::nn::Linear fresh(
-            torch::nn::LinearOptions(32, 24).bias(bias));
+        lamp::nn::Linear fresh(torch::nn::LinearOptions(32, 24).bias(bias));
         fresh->to(torch::kCUDA);
         for (auto* layer : {&lin, &fresh}) {
           (*layer)->zero_grad();
@@ -302,9 +306,7 @@ TEST_F(Fp32WeightGradsGpu, ReplaysEqualEagerSteps) {
   Trainer eager;
   Trainer graphed;
   lamp::GraphedStep step(
-      [&](const std::vector<torch::Tensor>& in) {
-        return graphed.step(in[0]);
-      },
+      [&](const std::vector<torch::Tensor>& in) { return graphed.step(in[0]); },
       {data[0]},
       {graphed.optimizer.get()});
   for (const auto& x : data) {
