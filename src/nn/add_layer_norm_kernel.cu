@@ -31,13 +31,13 @@ constexpr int kWideWarps = 2;
 // residual, weight and gradient) in registers: at gpt2-xl's 1,600 columns,
 // 52 floats a lane, 128 registers a thread forward and 195 backward, so few
 // warps are in flight and the kernels moved ~2.0 TB/s on an H100. With two
-// warps a row (add_norm_forward_split_kernel, add_norm_dx_dweight_split_kernel)
-// a lane holds half the columns (70 and 96 registers): forward at 1,600
-// columns 66.8 us against 77.2, backward 87.2 against 100.5, at 1,024
-// forward 39.3 against 48.1 (8,192 rows, bf16, residual bias; the
-// benchmark benchmarks/add_layer_norm, H100, 2026-12-07); the backward at
-// 1,024 was slower with two warps (65.2 against 58.8), so it splits only
-// rows its register kernel cannot take. The row's two halves meet in
+// warps a row (add_norm_forward_kernel<..., 2>,
+// add_norm_dx_dweight_split_kernel) a lane holds half the columns (70 and 96
+// registers): forward at 1,600 columns 66.8 us against 77.2, backward 87.2
+// against 100.5, at 1,024 forward 39.3 against 48.1 (8,192 rows, bf16, residual
+// bias; the benchmark benchmarks/add_layer_norm, H100, 2026-12-07); the
+// backward at 1,024 was slower with two warps (65.2 against 58.8), so it splits
+// only rows its register kernel cannot take. The row's two halves meet in
 // shared memory; both warps add the halves' sums in the same order, so the
 // row's statistics are one value. gpt2-xl checkpointed, bs 8: 214.9 ms a
 // step against 216.6 / 217.2.
@@ -169,124 +169,42 @@ __host__ __device__ inline int backward_sums(const AddNormBackward& a) {
 // NOTE: the element types are template arguments, and each operand is
 // loaded in a loop of its own: all of a row's loads are in flight before
 // the first is used (a switch on the type per element kept one in flight).
-template <int kPer, int V, typename R, typename Y>
+//
+// kSplit 2 (Note [Two warps a row]): two warps a row (kWarps / 2 rows a
+// block); warp `part` of a row holds the pack rounds part, part + 2, ...,
+// so a lane holds half the columns (gpt2-xl's 1,600: 28 floats, not 52),
+// and the row's two sums meet in shared memory.
+template <int kPer, int V, typename R, typename Y, int kSplit = 1>
 __global__ void __launch_bounds__(kWarps * 32)
     add_norm_forward_kernel(AddNormForward a) {
   constexpr int kPacks = kPer / V;
-  const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.rows) {
-    return;
-  }
-  const int64_t base = row * a.columns;
-  float v[kPer];
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
-    if (c < a.columns) {
-      load_pack<V>(a.x + base + c, v + k * V);
-    } else {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        v[k * V + e] = 0.f;
-      }
-    }
-  }
-  if (a.r != nullptr) {
-    const R* r = static_cast<const R*>(a.r) + base;
-    float rv[kPer];
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int c = (lane + 32 * k) * V;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        rv[k * V + e] = 0.f;
-      }
-      if (c < a.columns) {
-        load_pack<V>(r + c, rv + k * V);
-        if (a.r_bias != nullptr) {
-          float rb[V];
-          load_pack_as<V>(a.r_bias, a.r_bias_format, c, rb);
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            rv[k * V + e] += rb[e];
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      v[i] += rv[i];
-    }
-  }
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    sum += v[i];
-  }
-  const float mean = warp_sum(sum) / a.columns;
-  float var = 0.f;
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    if ((lane + 32 * k) * V < a.columns) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float d = v[k * V + e] - mean;
-        var += d * d;
-      }
-    }
-  }
-  // NOTE: two passes over registers (mean, then squares about it): the
-  // biased variance, as LayerNorm's.
-  const float rstd = rsqrtf(warp_sum(var) / a.columns + a.eps);
-  Y* y = static_cast<Y*>(a.y) + base;
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int c = (lane + 32 * k) * V;
-    if (c < a.columns) {
-      if (a.sum != nullptr) {
-        store_pack<V>(a.sum + base + c, v + k * V);
-      }
-      float w[V], b[V], out[V];
-      load_pack<V>(a.weight + c, w);
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        b[e] = 0.f;
-      }
-      if (a.bias != nullptr) {
-        load_pack<V>(a.bias + c, b);
-      }
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        out[e] = (v[k * V + e] - mean) * rstd * w[e] + b[e];
-      }
-      store_pack<V>(y + c, out);
-    }
-  }
-  if (lane == 0) {
-    a.mean[row] = mean;
-    a.rstd[row] = rstd;
-  }
-}
-
-// add_norm_forward_kernel for wide rows, two warps a row (kWarps / 2 rows
-// a block): warp `part` of a row holds the pack rounds part, part + 2, ...
-// (kPer / V of them), so a lane holds half the columns (gpt2-xl's 1,600:
-// 28 floats, not 52), and the row's two sums meet in shared memory.
-// Note [Two warps a row].
-template <int kPer, int V, typename R, typename Y>
-__global__ void __launch_bounds__(kWarps * 32)
-    add_norm_forward_split_kernel(AddNormForward a) {
-  constexpr int kPacks = kPer / V;
-  __shared__ float partial[kWarps];
+  __shared__ float partial[kSplit == 2 ? kWarps : 1];
   const int warp = threadIdx.x / 32;
-  const int part = warp % 2;
-  const int64_t row = int64_t{blockIdx.x} * (kWarps / 2) + warp / 2;
+  const int part = warp % kSplit;
+  const int64_t row = int64_t{blockIdx.x} * (kWarps / kSplit) + warp / kSplit;
   const int lane = threadIdx.x % 32;
-  // NOTE: no early return: every warp of the block meets at the barriers.
   const bool live = row < a.rows;
+  if constexpr (kSplit == 1) {
+    if (!live) {
+      return;
+    }
+  } // NOTE: else no early return: both warps of a row meet at barriers.
   const int64_t base = live ? row * a.columns : 0;
-  auto column = [&](int k) { return (lane + 32 * (part + 2 * k)) * V; };
+  auto column = [&](int k) { return (lane + 32 * (part + kSplit * k)) * V; };
+  // The row's sum of `x` (a lane's share): the warp's, and with kSplit 2
+  // both warps', added in the same order in both.
+  auto row_sum = [&](float x) {
+    x = warp_sum(x);
+    if constexpr (kSplit == 2) {
+      if (lane == 0) {
+        partial[warp] = x;
+      }
+      __syncthreads();
+      x = partial[warp & ~1] + partial[warp | 1];
+      __syncthreads(); // `partial` is written again by the next call
+    }
+    return x;
+  };
   float v[kPer];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
@@ -332,13 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kPer; ++i) {
     sum += v[i];
   }
-  sum = warp_sum(sum);
-  if (lane == 0) {
-    partial[warp] = sum;
-  }
-  __syncthreads();
-  const float mean = (partial[warp & ~1] + partial[warp | 1]) / a.columns;
-  __syncthreads(); // `partial` is written again below
+  const float mean = row_sum(sum) / a.columns;
   float var = 0.f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
@@ -350,13 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  var = warp_sum(var);
-  if (lane == 0) {
-    partial[warp] = var;
-  }
-  __syncthreads();
-  const float rstd =
-      rsqrtf((partial[warp & ~1] + partial[warp | 1]) / a.columns + a.eps);
+  // NOTE: two passes over registers (mean, then squares about it): the
+  // biased variance, as LayerNorm's.
+  const float rstd = rsqrtf(row_sum(var) / a.columns + a.eps);
   if (!live) {
     return;
   }
@@ -847,10 +755,10 @@ cudaError_t launch_add_norm_forward(
       return with_split_per_lane(a.columns, [&](auto per) {
         constexpr int kPer = decltype(per)::value;
         if (r_float) {
-          add_norm_forward_split_kernel<kPer, 4, float, Y>
+          add_norm_forward_kernel<kPer, 4, float, Y, 2>
               <<<split_blocks, kWarps * 32, 0, stream>>>(a);
         } else {
-          add_norm_forward_split_kernel<kPer, 4, Y, Y>
+          add_norm_forward_kernel<kPer, 4, Y, Y, 2>
               <<<split_blocks, kWarps * 32, 0, stream>>>(a);
         }
         return cudaGetLastError();
