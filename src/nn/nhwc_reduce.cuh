@@ -21,7 +21,8 @@ namespace lamp::nn::detail {
 
 constexpr int kReduceThreads = 256;
 constexpr int kReduceVector = 8; // fp16/bf16 values in 16 bytes
-// Blocks of the first kernel: enough to fill an H200 (132 SMs) a few times.
+// Blocks of the first kernel: enough to fill an H200 (132 SMs) a few times
+// (reduce_layout's default budget for gridDim.x * gridDim.y).
 constexpr int64_t kReduceBlocks = 512;
 constexpr int kFoldChannels = 32;
 constexpr int kFoldSlices = 8;
@@ -37,7 +38,10 @@ struct ReduceLayout {
   int64_t blocks = 1;
 };
 
-inline ReduceLayout reduce_layout(int64_t rows, int64_t channels) {
+inline ReduceLayout reduce_layout(
+    int64_t rows,
+    int64_t channels,
+    int64_t block_budget = kReduceBlocks) {
   const int64_t vectors = channels / kReduceVector;
   ReduceLayout l;
   // Lanes: the largest power of two (at most a block) dividing the row's
@@ -58,8 +62,7 @@ inline ReduceLayout reduce_layout(int64_t rows, int64_t channels) {
   const int64_t passes = (rows + l.rows_per_pass - 1) / l.rows_per_pass;
   l.blocks = std::max<int64_t>(
       1,
-      std::min<int64_t>(
-          passes, std::max<int64_t>(1, kReduceBlocks / l.chunks)));
+      std::min<int64_t>(passes, std::max<int64_t>(1, block_budget / l.chunks)));
   return l;
 }
 

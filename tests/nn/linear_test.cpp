@@ -185,6 +185,10 @@ TEST_F(LinearGpu, AtensOpsWithLampsBiasGradient) {
       {{4, 512, 64}, 2304, torch::kBFloat16, true}, // GPT-2's widths
       {{4, 512, 64}, 768, torch::kBFloat16, true},
       {{2, 300, 64}, 1600, torch::kHalf, true}, // gpt2-xl's
+      // gpt2-xl's q/k/v and fc widths at thousands of rows: many blocks
+      // of 75 and 25 column chunks, row counts off the 2-row unroll.
+      {{2, 4096, 64}, 4800, torch::kBFloat16, true},
+      {{3, 1001, 64}, 6400, torch::kHalf, true},
       {{4, 64, 96}, 256, torch::kHalf, true},
       {{300, 40}, 24, torch::kBFloat16, false}, // rank 2
       {{2, 3, 50, 40}, 24, torch::kHalf, false}, // rank 4
